@@ -1,0 +1,42 @@
+//! carve's benchmarks: one file per workload, shared by `carve bench` (which includes this
+//! module) and `cargo bench` (bench/main.rs). Each workload prints a Markdown table, ready for
+//! BENCHMARKS.md. Timings are ratios against peers measured in the same run.
+
+pub mod alloc_free;
+pub mod table;
+
+use clap::{Args, ValueEnum};
+
+/// `carve bench` options.
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Workloads to run (default: all that the machine can run).
+    #[arg(value_enum)]
+    pub workloads: Vec<Workload>,
+    /// Fewer iterations, for a quick look (and for CI).
+    #[arg(long)]
+    pub quick: bool,
+}
+
+/// The benchmark workloads.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// Allocate and free one size in a loop, through each plain resource.
+    AllocFree,
+}
+
+/// Runs the chosen workloads, printing each table as it completes.
+pub fn run(args: &BenchArgs) -> carve::Result<()> {
+    let all = [Workload::AllocFree];
+    let chosen = if args.workloads.is_empty() {
+        &all[..]
+    } else {
+        &args.workloads[..]
+    };
+    for w in chosen {
+        match w {
+            Workload::AllocFree => alloc_free::run(args.quick)?.print(),
+        }
+    }
+    Ok(())
+}

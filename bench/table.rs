@@ -1,0 +1,59 @@
+//! Markdown tables for benchmark results.
+
+/// A titled table of strings.
+#[derive(Debug, Default)]
+pub struct Table {
+    pub title: String,
+    pub header: Vec<String>,
+    pub rows: Vec<Vec<String>>,
+    pub notes: Vec<String>,
+}
+
+impl Table {
+    pub fn new(title: impl Into<String>, header: &[&str]) -> Self {
+        Table {
+            title: title.into(),
+            header: header.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    pub fn note(&mut self, note: impl Into<String>) {
+        self.notes.push(note.into());
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = format!("### {}\n\n", self.title);
+        let line = |cells: &[String]| format!("| {} |\n", cells.join(" | "));
+        out += &line(&self.header);
+        out += &line(&vec!["---".to_string(); self.header.len()]);
+        for r in &self.rows {
+            out += &line(r);
+        }
+        for n in &self.notes {
+            out += &format!("\n{n}\n");
+        }
+        out
+    }
+
+    pub fn print(&self) {
+        println!("{}", self.render());
+    }
+}
+
+/// Formats nanoseconds with thousands separators, as RMM's tables do.
+pub fn ns(v: f64) -> String {
+    let s = format!("{:.0}", v);
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}

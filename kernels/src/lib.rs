@@ -1,0 +1,28 @@
+//! carve's device-side code: allocators that CUDA kernels call, written once in `no_std` Rust.
+//!
+//! The same source compiles three ways:
+//! - for `nvptx64-nvidia-cuda`, where `build.rs` of the `carve` crate turns it into the PTX module
+//!   that carve embeds (kernel entry points and intrinsics live behind
+//!   `cfg(target_arch = "nvptx64")`);
+//! - for the host, where CPU threads stress the same algorithms;
+//! - for the host under `--cfg carve_loom`, where [`sync`] swaps in loom's atomics and loom
+//!   model-checks every interleaving.
+//!
+//! Layouts shared with the host are `#[repr(C)]`, derive `bytemuck::Pod`, and are pinned with
+//! `static_assertions`.
+#![no_std]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)
+)]
+
+#[cfg(test)]
+extern crate std;
+
+pub mod smoke;
+pub mod sync;
+
+#[cfg(target_arch = "nvptx64")]
+mod entry;
+#[cfg(target_arch = "nvptx64")]
+mod nvptx;

@@ -1,0 +1,198 @@
+//! Devices and their primary contexts.
+
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{result, sys, CudaContext};
+
+use super::{init, Kernels, Stream};
+use crate::error::{Error, Result};
+
+/// A CUDA device with its primary context retained. Cheap to clone; one handle per ordinal.
+#[derive(Clone)]
+pub struct Device {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    kernels: OnceLock<Result<Kernels, String>>,
+}
+
+/// What `carve info` prints about a device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceProperties {
+    pub ordinal: usize,
+    pub name: String,
+    /// (major, minor)
+    pub compute_capability: (i32, i32),
+    pub total_memory: usize,
+    pub free_memory: usize,
+    pub multiprocessors: i32,
+}
+
+/// Free and total device memory (`cuMemGetInfo`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemInfo {
+    pub free: usize,
+    pub total: usize,
+}
+
+impl Device {
+    /// Number of CUDA devices; [`Error::NoDriver`] without libcuda.
+    pub fn count() -> Result<usize> {
+        init()?;
+        let n = result::device::get_count().map_err(|e| Error::driver("cuDeviceGetCount", e))?;
+        Ok(n.max(0) as usize)
+    }
+
+    /// The device `ordinal`, its primary context retained on first use.
+    pub fn get(ordinal: usize) -> Result<Device> {
+        static DEVICES: OnceLock<Vec<OnceLock<Device>>> = OnceLock::new();
+        let count = Device::count()?;
+        if count == 0 {
+            return Err(Error::NoDevice);
+        }
+        let slots = DEVICES.get_or_init(|| (0..count).map(|_| OnceLock::new()).collect());
+        let slot = slots
+            .get(ordinal)
+            .ok_or(Error::InvalidDevice { ordinal, count })?;
+        if let Some(dev) = slot.get() {
+            return Ok(dev.clone());
+        }
+        let ctx =
+            CudaContext::new(ordinal).map_err(|e| Error::driver("cuDevicePrimaryCtxRetain", e))?;
+        let dev = Device {
+            inner: Arc::new(Inner {
+                ordinal,
+                ctx,
+                kernels: OnceLock::new(),
+            }),
+        };
+        Ok(slot.get_or_init(|| dev).clone())
+    }
+
+    /// The device whose context is current on this thread, else device 0.
+    pub fn current() -> Result<Device> {
+        init()?;
+        // SAFETY: plain queries of the calling thread's context.
+        let ordinal = unsafe {
+            match result::ctx::get_current().map_err(|e| Error::driver("cuCtxGetCurrent", e))? {
+                Some(_) => {
+                    let mut dev = 0;
+                    sys::cuCtxGetDevice(&mut dev)
+                        .result()
+                        .map_err(|e| Error::driver("cuCtxGetDevice", e))?;
+                    dev as usize
+                }
+                None => 0,
+            }
+        };
+        Device::get(ordinal)
+    }
+
+    /// This device's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.inner.ordinal
+    }
+
+    /// The cudarc context, for launching cudarc kernels beside carve.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.inner.ctx
+    }
+
+    /// Makes this device's context current on the calling thread (a no-op when it already is).
+    pub fn bind(&self) -> Result<()> {
+        self.inner
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| Error::driver("cuCtxSetCurrent", e))
+    }
+
+    /// Name, compute capability and memory.
+    pub fn properties(&self) -> Result<DeviceProperties> {
+        let ctx = &self.inner.ctx;
+        let name = ctx
+            .name()
+            .map_err(|e| Error::driver("cuDeviceGetName", e))?;
+        let compute_capability = ctx
+            .compute_capability()
+            .map_err(|e| Error::driver("cuDeviceGetAttribute", e))?;
+        let multiprocessors =
+            self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let MemInfo { free, total } = self.mem_info()?;
+        Ok(DeviceProperties {
+            ordinal: self.ordinal(),
+            name,
+            compute_capability,
+            total_memory: total,
+            free_memory: free,
+            multiprocessors,
+        })
+    }
+
+    /// A device attribute (`cuDeviceGetAttribute`).
+    pub fn attribute(&self, attr: sys::CUdevice_attribute) -> Result<i32> {
+        self.inner
+            .ctx
+            .attribute(attr)
+            .map_err(|e| Error::driver("cuDeviceGetAttribute", e))
+    }
+
+    /// Free and total memory on this device.
+    pub fn mem_info(&self) -> Result<MemInfo> {
+        let (free, total) = self
+            .inner
+            .ctx
+            .mem_get_info()
+            .map_err(|e| Error::driver("cuMemGetInfo", e))?;
+        Ok(MemInfo { free, total })
+    }
+
+    /// The legacy default stream of this device's context.
+    pub fn default_stream(&self) -> Stream {
+        Stream::from_cudarc(self.clone(), self.inner.ctx.default_stream())
+    }
+
+    /// A new non-blocking stream.
+    pub fn new_stream(&self) -> Result<Stream> {
+        let s = self
+            .inner
+            .ctx
+            .new_stream()
+            .map_err(|e| Error::driver("cuStreamCreate", e))?;
+        Ok(Stream::from_cudarc(self.clone(), s))
+    }
+
+    /// Waits for all work on this device's context.
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner
+            .ctx
+            .synchronize()
+            .map_err(|e| Error::driver("cuCtxSynchronize", e))
+    }
+
+    /// carve's embedded kernels, loaded into this context on first use.
+    pub fn kernels(&self) -> Result<&Kernels> {
+        self.inner
+            .kernels
+            .get_or_init(|| Kernels::load(self).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| Error::Unsupported(format!("loading carve's PTX module: {e}")))
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Self) -> bool {
+        self.ordinal() == other.ordinal()
+    }
+}
+impl Eq for Device {}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("ordinal", &self.ordinal())
+            .finish()
+    }
+}

@@ -1,0 +1,59 @@
+//! Driver glue over cudarc: loading libcuda, devices, contexts, streams, events, and carve's
+//! embedded kernel module.
+//!
+//! cudarc loads libcuda lazily and panics when it is missing; [`init`] checks first, so no carve
+//! call panics on a machine without a driver. Devices are interned: [`Device::get`] returns the
+//! same handle (and the same loaded module) for an ordinal every time.
+
+mod device;
+mod module;
+mod stream;
+
+pub use device::{Device, DeviceProperties, MemInfo};
+pub use module::{Kernels, PTX};
+pub use stream::{Event, Stream};
+
+use std::sync::OnceLock;
+
+use cudarc::driver::{result, sys};
+
+use crate::error::{Error, Result};
+
+/// Loads libcuda and initialises the driver, once. Later calls return the first outcome.
+pub fn init() -> Result<()> {
+    static INIT: OnceLock<Result<(), String>> = OnceLock::new();
+    INIT.get_or_init(|| {
+        // SAFETY: only probes whether the library can be opened.
+        if !unsafe { sys::is_culib_present() } {
+            return Err("libcuda could not be loaded".to_owned());
+        }
+        result::init().map_err(|e| format!("cuInit failed: {e:?}"))
+    })
+    .clone()
+    .map_err(Error::NoDriver)
+}
+
+/// True when a driver loads and reports at least one device.
+pub fn is_available() -> bool {
+    Device::count().is_ok_and(|n| n > 0)
+}
+
+/// Waits for the legacy default stream of the calling thread's current context. With no driver
+/// or no current context there is no queued device work, so this returns at once.
+pub(crate) fn synchronize_default_stream() -> Result<()> {
+    if init().is_err() {
+        return Ok(());
+    }
+    let current = result::ctx::get_current().map_err(|e| Error::driver("cuCtxGetCurrent", e))?;
+    if current.is_none() {
+        return Ok(());
+    }
+    // SAFETY: the null stream is always valid in a current context.
+    unsafe { result::stream::synchronize(std::ptr::null_mut()) }
+        .map_err(|e| Error::driver("cuStreamSynchronize", e))
+}
+
+/// Whether GPU tests must fail rather than skip when no device is found (`CARVE_REQUIRE_GPU=1`).
+pub fn gpu_required() -> bool {
+    std::env::var_os("CARVE_REQUIRE_GPU").is_some_and(|v| v == "1")
+}

@@ -1,0 +1,122 @@
+//! Owned streams and events.
+
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys, CudaEvent, CudaStream};
+
+use super::Device;
+use crate::error::{Error, Result};
+use crate::stream::StreamRef;
+
+/// A stream on a device. Cheap to clone; the stream is destroyed with its last handle.
+#[derive(Clone, Debug)]
+pub struct Stream {
+    device: Device,
+    inner: Arc<CudaStream>,
+}
+
+impl Stream {
+    pub(crate) fn from_cudarc(device: Device, inner: Arc<CudaStream>) -> Self {
+        Stream { device, inner }
+    }
+
+    /// The handle resources take. Valid while this `Stream` (or a clone) lives.
+    pub fn as_ref(&self) -> StreamRef {
+        // SAFETY: the stream outlives every use the caller makes while holding `self`; a
+        // `StreamRef` outliving it is the caller's documented responsibility.
+        unsafe { StreamRef::from_raw(self.inner.cu_stream()) }
+    }
+
+    /// The device this stream runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The cudarc stream, for launching cudarc kernels.
+    pub fn cudarc(&self) -> &Arc<CudaStream> {
+        &self.inner
+    }
+
+    /// Blocks until all work queued on this stream is done.
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner
+            .synchronize()
+            .map_err(|e| Error::driver("cuStreamSynchronize", e))
+    }
+
+    /// Makes this stream wait for the work queued so far on `other`.
+    pub fn wait_for(&self, other: &Stream) -> Result<()> {
+        self.inner
+            .join(&other.inner)
+            .map_err(|e| Error::driver("cuStreamWaitEvent", e))
+    }
+}
+
+/// A CUDA event on one device.
+#[derive(Debug)]
+pub struct Event {
+    inner: CudaEvent,
+}
+
+impl Event {
+    /// A new event. `timing` enables [`Event::elapsed_ms`]; without it, recording is cheaper.
+    pub fn new(device: &Device, timing: bool) -> Result<Event> {
+        let flags = if timing {
+            sys::CUevent_flags::CU_EVENT_DEFAULT
+        } else {
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING
+        };
+        let inner = device
+            .context()
+            .new_event(Some(flags))
+            .map_err(|e| Error::driver("cuEventCreate", e))?;
+        Ok(Event { inner })
+    }
+
+    /// Captures the work queued on `stream` so far.
+    ///
+    /// `stream` must belong to this event's device (the driver rejects others).
+    pub fn record(&self, stream: StreamRef) -> Result<()> {
+        self.inner
+            .context()
+            .bind_to_thread()
+            .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
+        // SAFETY: the event is live; `StreamRef`'s contract keeps the stream valid.
+        unsafe { result::event::record(self.inner.cu_event(), stream.as_raw()) }
+            .map_err(|e| Error::driver("cuEventRecord", e))
+    }
+
+    /// True once the captured work is done.
+    pub fn is_complete(&self) -> Result<bool> {
+        self.inner
+            .try_is_complete()
+            .map_err(|e| Error::driver("cuEventQuery", e))
+    }
+
+    /// Blocks until the captured work is done.
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner
+            .synchronize()
+            .map_err(|e| Error::driver("cuEventSynchronize", e))
+    }
+
+    /// Makes `stream` wait for the captured work.
+    pub fn wait_on(&self, stream: StreamRef) -> Result<()> {
+        // SAFETY: both handles are live (the stream by `StreamRef`'s contract).
+        unsafe {
+            result::stream::wait_event(
+                stream.as_raw(),
+                self.inner.cu_event(),
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(|e| Error::driver("cuStreamWaitEvent", e))
+    }
+
+    /// Milliseconds between `self` and `end` (both recorded with timing enabled).
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        self.inner
+            .elapsed_ms(&end.inner)
+            .map_err(|e| Error::driver("cuEventElapsedTime", e))
+    }
+}

@@ -1,0 +1,104 @@
+//! carve's one error type. Every fallible public API returns [`Result`].
+
+use std::fmt;
+
+/// Result alias used across carve.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a carve call failed. Variants carry enough context to act on without a debugger.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The CUDA driver library (libcuda) could not be loaded on this machine.
+    #[error("no CUDA driver found: {0}")]
+    NoDriver(String),
+    /// The driver loaded but reports no device.
+    #[error("the CUDA driver reports no device")]
+    NoDevice,
+    /// A device ordinal outside `0..count`.
+    #[error("device ordinal {ordinal} is out of range: {count} device(s) present")]
+    InvalidDevice { ordinal: usize, count: usize },
+    /// A driver call failed.
+    #[error("{call} failed: {code}")]
+    Driver {
+        call: &'static str,
+        code: DriverCode,
+    },
+    /// A zero-byte request.
+    #[error("zero-byte allocation requested")]
+    ZeroSize,
+    /// An alignment that is not a power of two (or is zero).
+    #[error("alignment {0} is not a power of two")]
+    InvalidAlignment(usize),
+    /// Size and alignment overflow the address space once rounded.
+    #[error("a request of {bytes} bytes aligned to {align} overflows the address space")]
+    SizeOverflow { bytes: usize, align: usize },
+    /// The resource could not satisfy the request.
+    #[error("out of memory: {bytes} bytes requested from {resource}: {detail}")]
+    OutOfMemory {
+        bytes: usize,
+        resource: &'static str,
+        detail: String,
+    },
+    /// A pointer this resource never handed out (or that was already freed).
+    #[error("{resource} does not own pointer {ptr:#x}")]
+    UnknownPointer { resource: &'static str, ptr: usize },
+    /// A pointer freed twice.
+    #[error("{resource}: double free of pointer {ptr:#x}")]
+    DoubleFree { resource: &'static str, ptr: usize },
+    /// Deallocation with a size or alignment other than the allocation's.
+    #[error(
+        "{resource}: pointer {ptr:#x} was allocated as {allocated} bytes but freed as {freed}"
+    )]
+    SizeMismatch {
+        resource: &'static str,
+        ptr: usize,
+        allocated: usize,
+        freed: usize,
+    },
+    /// Any other argument a call cannot accept.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The operation is not available on this resource, device or build.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// An I/O error (logs, CSV files).
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// A `CUresult`, printed with the driver's own name for it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct DriverCode(pub cudarc::driver::sys::CUresult);
+
+impl fmt::Display for DriverCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+impl fmt::Debug for DriverCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl Error {
+    /// Wraps a failed driver call, mapping the driver's out-of-memory code to [`Error::OutOfMemory`].
+    pub(crate) fn driver(call: &'static str, err: cudarc::driver::DriverError) -> Self {
+        Error::Driver {
+            call,
+            code: DriverCode(err.0),
+        }
+    }
+
+    /// True for [`Error::OutOfMemory`], and for driver calls that failed for want of memory.
+    pub fn is_out_of_memory(&self) -> bool {
+        use cudarc::driver::sys::CUresult;
+        match self {
+            Error::OutOfMemory { .. } => true,
+            Error::Driver { code, .. } => code.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,48 @@
+//! # carve
+//!
+//! Composable, stream-ordered CUDA memory resources (the role of RAPIDS RMM), plus allocators
+//! that run *inside* kernels, carving blocks from a pool the host reserved.
+//!
+//! ## Design
+//!
+//! - **One trait.** [`MemoryResource`] allocates and deallocates in stream order. Every
+//!   resource is a cheap `Clone` handle and any resource can be the upstream of another.
+//! - **No GPU needed to test the algorithms.** Suballocators keep their bookkeeping in host
+//!   structs, so they run over [`HostMemoryResource`] in CI. GPU tests skip (saying why) unless
+//!   `CARVE_REQUIRE_GPU=1`.
+//! - **One source per algorithm.** The device allocators live in the `no_std` crate
+//!   `carve-kernels`; `build.rs` compiles it to PTX ([`driver::PTX`]), and the same code runs
+//!   on CPU threads and under loom (`--cfg carve_loom`).
+//! - **Driver access through cudarc**, loaded at run time: on a machine without libcuda every
+//!   call returns [`Error::NoDriver`] instead of panicking.
+//!
+//! ## Layout
+//!
+//! | module | holds |
+//! |---|---|
+//! | [`resource`] | the trait, `CudaMemoryResource`, `HostMemoryResource` |
+//! | [`driver`] | devices, streams, events, the embedded PTX |
+//! | [`buffer`] | `DeviceBuffer`, `DeviceVec<T: Pod>` |
+//! | [`current`] | the per-device current resource |
+
+pub mod buffer;
+pub mod current;
+pub mod driver;
+pub mod error;
+pub mod resource;
+pub mod stream;
+#[allow(dead_code)]
+mod sync;
+#[doc(hidden)]
+pub mod testing;
+
+pub use buffer::{DeviceBuffer, DeviceVec};
+pub use driver::{Device, Event, Stream};
+pub use error::{Error, Result};
+pub use resource::{
+    CudaMemoryResource, HostMemoryResource, MemoryResource, Properties, SharedResource,
+};
+pub use stream::StreamRef;
+
+/// Re-exported so users name the same cudarc version carve links.
+pub use cudarc;

@@ -1,0 +1,71 @@
+//! The `carve` command line: device info, benchmarks.
+
+#[path = "../bench/mod.rs"]
+mod bench;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "carve",
+    version,
+    about = "CUDA memory resources and in-kernel allocators"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List CUDA devices and their memory (or say that no driver was found).
+    Info,
+    /// Run benchmarks and print Markdown tables.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info => info(),
+        Command::Bench(args) => bench::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn info() -> carve::Result<()> {
+    let count = match carve::Device::count() {
+        Ok(n) => n,
+        Err(carve::Error::NoDriver(why)) => {
+            println!("No CUDA driver found ({why}). carve's host-memory resources still work.");
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    println!(
+        "carve {}: {count} CUDA device(s)",
+        env!("CARGO_PKG_VERSION")
+    );
+    for ordinal in 0..count {
+        let p = carve::Device::get(ordinal)?.properties()?;
+        println!(
+            "  [{}] {} (sm_{}{}), {} SMs, {:.1} GiB free of {:.1} GiB",
+            p.ordinal,
+            p.name,
+            p.compute_capability.0,
+            p.compute_capability.1,
+            p.multiprocessors,
+            p.free_memory as f64 / (1u64 << 30) as f64,
+            p.total_memory as f64 / (1u64 << 30) as f64
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,42 @@
+//! Support for GPU tests and benches: find a device or say plainly why not.
+//!
+//! Not part of the stable API.
+
+use std::io::Write;
+
+use crate::driver::{gpu_required, Device};
+
+/// Device 0, or `None` after printing why the caller skips.
+///
+/// The message goes straight to the process's stderr, past the test harness's capture, so a
+/// skipped test always says so. With `CARVE_REQUIRE_GPU=1`, a missing device panics instead:
+/// on the GPU machine, a skip would hide a failure.
+pub fn gpu_or_skip(test: &str) -> Option<Device> {
+    match Device::get(0) {
+        Ok(dev) => Some(dev),
+        Err(e) if gpu_required() => {
+            panic!("{test}: CARVE_REQUIRE_GPU=1 but no usable GPU: {e}")
+        }
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: no GPU ({e})");
+            None
+        }
+    }
+}
+
+/// Returns from the enclosing test when there is no GPU (see [`gpu_or_skip`]).
+#[macro_export]
+macro_rules! require_gpu {
+    () => {
+        match $crate::testing::gpu_or_skip(module_path!()) {
+            Some(dev) => dev,
+            None => return,
+        }
+    };
+    ($name:expr) => {
+        match $crate::testing::gpu_or_skip($name) {
+            Some(dev) => dev,
+            None => return,
+        }
+    };
+}
