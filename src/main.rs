@@ -42,6 +42,13 @@ fn main() -> ExitCode {
 }
 
 fn info() -> carve::Result<()> {
+    let kernels: Vec<_> = carve::driver::kernel_names().collect();
+    println!(
+        "carve {}: embedded PTX ({} bytes), kernels: {}",
+        env!("CARGO_PKG_VERSION"),
+        carve::driver::PTX.len(),
+        kernels.join(", ")
+    );
     let count = match carve::Device::count() {
         Ok(n) => n,
         Err(carve::Error::NoDriver(why)) => {

@@ -24,11 +24,20 @@ pub fn gpu_or_skip(test: &str) -> Option<Device> {
     }
 }
 
+/// The running test's name (libtest names each test's thread after it).
+pub fn test_name() -> String {
+    std::thread::current()
+        .name()
+        .filter(|n| *n != "main")
+        .unwrap_or("(unnamed test)")
+        .to_owned()
+}
+
 /// Returns from the enclosing test when there is no GPU (see [`gpu_or_skip`]).
 #[macro_export]
 macro_rules! require_gpu {
     () => {
-        match $crate::testing::gpu_or_skip(module_path!()) {
+        match $crate::testing::gpu_or_skip(&$crate::testing::test_name()) {
             Some(dev) => dev,
             None => return,
         }

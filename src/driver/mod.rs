@@ -10,7 +10,7 @@ mod module;
 mod stream;
 
 pub use device::{Device, DeviceProperties, MemInfo};
-pub use module::{Kernels, PTX};
+pub use module::{kernel_names, Kernels, PTX};
 pub use stream::{Event, Stream};
 
 use std::sync::OnceLock;

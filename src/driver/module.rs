@@ -11,6 +11,13 @@ use crate::error::{Error, Result};
 /// The PTX text of `kernels/`, for loading or JIT-linking with CUDA C++ and Numba kernels.
 pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/carve_kernels.ptx"));
 
+/// Names of the kernel entry points in [`PTX`].
+pub fn kernel_names() -> impl Iterator<Item = &'static str> {
+    PTX.lines()
+        .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
+        .map(|rest| rest.split('(').next().unwrap_or(rest).trim())
+}
+
 /// carve's kernels, loaded into one device's context.
 #[derive(Debug)]
 pub struct Kernels {
