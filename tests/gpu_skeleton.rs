@@ -20,8 +20,10 @@ fn cuda_resource_allocates_distinct_aligned_blocks() {
     let blocks: Vec<_> = (1..=64usize)
         .map(|i| (mr.allocate(s.as_ref(), i * 1000, 256).unwrap(), i * 1000))
         .collect();
-    let mut spans: Vec<(usize, usize)> =
-        blocks.iter().map(|(p, n)| (p.as_ptr() as usize, *n)).collect();
+    let mut spans: Vec<(usize, usize)> = blocks
+        .iter()
+        .map(|(p, n)| (p.as_ptr() as usize, *n))
+        .collect();
     spans.sort();
     for w in spans.windows(2) {
         assert!(w[0].0 + w[0].1 <= w[1].0, "blocks overlap: {w:?}");
@@ -39,11 +41,23 @@ fn cuda_resource_rejects_bad_input() {
     let mr = CudaMemoryResource::new(&dev);
     let s = StreamRef::DEFAULT;
     assert!(matches!(mr.allocate(s, 0, 256), Err(Error::ZeroSize)));
-    assert!(matches!(mr.allocate(s, 64, 48), Err(Error::InvalidAlignment(48))));
-    assert!(matches!(mr.allocate(s, 64, 4096), Err(Error::Unsupported(_))));
-    assert!(matches!(mr.allocate(s, usize::MAX, 256), Err(Error::SizeOverflow { .. })));
+    assert!(matches!(
+        mr.allocate(s, 64, 48),
+        Err(Error::InvalidAlignment(48))
+    ));
+    assert!(matches!(
+        mr.allocate(s, 64, 4096),
+        Err(Error::Unsupported(_))
+    ));
+    assert!(matches!(
+        mr.allocate(s, usize::MAX, 256),
+        Err(Error::SizeOverflow { .. })
+    ));
     let huge = mr.allocate(s, 1 << 50, 256).unwrap_err();
-    assert!(matches!(huge, Error::OutOfMemory { bytes, .. } if bytes == 1 << 50), "{huge}");
+    assert!(
+        matches!(huge, Error::OutOfMemory { bytes, .. } if bytes == 1 << 50),
+        "{huge}"
+    );
 
     let p = mr.allocate(s, 4096, 256).unwrap();
     let interior = std::ptr::NonNull::new(p.as_ptr().wrapping_add(256)).unwrap();
@@ -88,7 +102,10 @@ fn buffer_round_trips_bytes_on_a_stream() {
     assert_eq!(buf.to_host_vec().unwrap(), data);
 
     let mut small = DeviceBuffer::new(16, &s, cuda(&dev)).unwrap();
-    assert!(matches!(small.copy_from_host(&[0u8; 17]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        small.copy_from_host(&[0u8; 17]),
+        Err(Error::InvalidArgument(_))
+    ));
     small.memset(0x5A).unwrap();
     assert_eq!(small.to_host_vec().unwrap(), vec![0x5A; 16]);
     buf.free().unwrap();
@@ -118,7 +135,10 @@ fn smoke_kernel_writes_every_element() {
     }
     // The copy above waited for the kernel, so the buffer can go.
     v.copy_from_host(&[0u32; 4]).unwrap();
-    assert_eq!(&v.to_vec().unwrap()[..5], &[0, 0, 0, 0, carve_kernels::smoke::pattern(4)]);
+    assert_eq!(
+        &v.to_vec().unwrap()[..5],
+        &[0, 0, 0, 0, carve_kernels::smoke::pattern(4)]
+    );
 }
 
 #[test]
@@ -130,8 +150,14 @@ fn buffer_frees_through_its_resource_on_its_stream() {
         .map(|_| DeviceBuffer::new(64 << 20, &s, cuda(&dev)).unwrap())
         .collect();
     let during = dev.mem_info().unwrap().free;
-    assert!(before - during >= 8 * (64 << 20) - (16 << 20), "{before} -> {during}");
+    assert!(
+        before - during >= 8 * (64 << 20) - (16 << 20),
+        "{before} -> {during}"
+    );
     drop(bufs);
     let after = dev.mem_info().unwrap().free;
-    assert!(after + (16 << 20) >= before, "memory not returned: {before} -> {after}");
+    assert!(
+        after + (16 << 20) >= before,
+        "memory not returned: {before} -> {after}"
+    );
 }

@@ -11,10 +11,16 @@ fn device_queries_never_panic() {
         Err(Error::NoDriver(msg)) => {
             assert!(!msg.is_empty());
             assert!(matches!(Device::get(0), Err(Error::NoDriver(_))));
-            assert!(matches!(carve::CudaMemoryResource::on(0), Err(Error::NoDriver(_))));
+            assert!(matches!(
+                carve::CudaMemoryResource::on(0),
+                Err(Error::NoDriver(_))
+            ));
             assert!(matches!(carve::current::get(0), Err(Error::NoDriver(_))));
         }
-        Ok(n) => assert!(matches!(Device::get(n), Err(Error::InvalidDevice { .. } | Error::NoDevice))),
+        Ok(n) => assert!(matches!(
+            Device::get(n),
+            Err(Error::InvalidDevice { .. } | Error::NoDevice)
+        )),
         Err(e) => panic!("unexpected error kind: {e}"),
     }
 }
@@ -23,7 +29,10 @@ fn device_queries_never_panic() {
 fn embedded_ptx_holds_the_kernels() {
     let ptx = carve::driver::PTX;
     assert!(ptx.contains(".target sm_70"), "PTX target line missing");
-    assert!(ptx.contains(".visible .entry carve_smoke_fill("), "smoke kernel missing");
+    assert!(
+        ptx.contains(".visible .entry carve_smoke_fill("),
+        "smoke kernel missing"
+    );
     assert!(carve::driver::kernel_names().any(|k| k == "carve_smoke_fill"));
 }
 
@@ -34,7 +43,10 @@ fn carve_bin() -> Option<&'static str> {
         Some(path)
     } else {
         use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "SKIPPED: {path} not present on this machine");
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: {path} not present on this machine"
+        );
         None
     }
 }
@@ -63,9 +75,15 @@ fn info_exits_zero_and_describes_what_it_found() {
 #[test]
 fn bench_runs_quickly_and_prints_a_table() {
     let Some(bin) = carve_bin() else { return };
-    let out = Command::new(bin).args(["bench", "alloc-free", "--quick"]).output().unwrap();
+    let out = Command::new(bin)
+        .args(["bench", "alloc-free", "--quick"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("| resource | bytes | allocate | deallocate |"), "{text}");
+    assert!(
+        text.contains("| resource | bytes | allocate | deallocate |"),
+        "{text}"
+    );
     assert!(text.contains("| host (std::alloc) | 65536 |"), "{text}");
 }
