@@ -148,8 +148,9 @@ mod tests {
                 ..
             })
         ));
-        // SAFETY: correct free, then a double free that must be refused.
+        // SAFETY: the block's one correct free.
         unsafe { mr.deallocate(s, p, 64, 8) }.unwrap();
+        // SAFETY: a double free on purpose; refused before the system allocator sees it.
         let twice = unsafe { mr.deallocate(s, p, 64, 8) };
         assert!(matches!(twice, Err(Error::UnknownPointer { .. })));
         assert_eq!(mr.allocation_count(), 0);
