@@ -109,6 +109,21 @@ impl fmt::Debug for Target {
     }
 }
 
+impl Target {
+    /// A target over any resource, with `streams` by plan stream index (for embedding the
+    /// replay in tests or tools with a resource `--resource` does not name).
+    pub fn new(resource: SharedResource, name: impl Into<String>, streams: Vec<StreamRef>) -> Self {
+        Target {
+            resource,
+            name: name.into(),
+            streams,
+            fragmentation: None,
+            _owned_streams: Vec::new(),
+            device: None,
+        }
+    }
+}
+
 /// Builds the resource `opts` names, and a stream for each of `logged_streams` (logged ids: `0` is
 /// the default stream; others get a new stream each on a GPU, a simulated one otherwise).
 pub fn build_target(opts: &ResourceOptions, logged_streams: &[u64]) -> Result<Target> {
