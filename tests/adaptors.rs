@@ -543,7 +543,7 @@ fn aligned_over_aligns_large_requests_by_padding() {
     let _skew = sim.allocate(S, 256, 256).unwrap();
     let big = mr.allocate(S, 5000, 8).unwrap();
     assert_eq!(big.as_ptr() as usize % (1 << 16), 0);
-    let padded = (5000 + (1 << 16) - 256 + 255) / 256 * 256;
+    let padded = (5000usize + (1 << 16) - 256).next_multiple_of(256);
     assert_eq!(sim.usage().used, 256 + padded);
     let small = mr.allocate(S, 1000, 8).unwrap();
     assert_eq!(
