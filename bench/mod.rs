@@ -2,6 +2,7 @@
 //! module) and `cargo bench` (bench/main.rs). Each workload prints a Markdown table, ready for
 //! BENCHMARKS.md. Timings are ratios against peers measured in the same run.
 
+pub mod adaptor_overhead;
 pub mod alloc_free;
 pub mod table;
 
@@ -23,11 +24,13 @@ pub struct BenchArgs {
 pub enum Workload {
     /// Allocate and free one size in a loop, through each plain resource.
     AllocFree,
+    /// What each adaptor adds per allocate + free.
+    AdaptorOverhead,
 }
 
 /// Runs the chosen workloads, printing each table as it completes.
 pub fn run(args: &BenchArgs) -> carve::Result<()> {
-    let all = [Workload::AllocFree];
+    let all = [Workload::AllocFree, Workload::AdaptorOverhead];
     let chosen = if args.workloads.is_empty() {
         &all[..]
     } else {
@@ -36,6 +39,7 @@ pub fn run(args: &BenchArgs) -> carve::Result<()> {
     for w in chosen {
         match w {
             Workload::AllocFree => alloc_free::run(args.quick)?.print(),
+            Workload::AdaptorOverhead => adaptor_overhead::run(args.quick)?.print(),
         }
     }
     Ok(())

@@ -62,6 +62,9 @@ pub enum Error {
     /// The operation is not available on this resource, device or build.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// An allocation log (CSV) that cannot be read or replayed, with the offending line.
+    #[error("line {line}: {reason}")]
+    MalformedLog { line: u64, reason: String },
     /// An I/O error (logs, CSV files).
     #[error(transparent)]
     Io(#[from] std::io::Error),

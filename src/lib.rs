@@ -24,11 +24,15 @@
 //! | [`driver`] | devices, streams, events, the embedded PTX |
 //! | [`buffer`] | `DeviceBuffer`, `DeviceVec<T: Pod>` |
 //! | [`current`] | the per-device current resource |
+//! | [`adaptor`] | limiting, statistics, tracking, logging, failure-callback, aligned, prefetch |
+//! | [`replay`] | `carve replay`: RMM allocation logs replayed on any resource |
 
+pub mod adaptor;
 pub mod buffer;
 pub mod current;
 pub mod driver;
 pub mod error;
+pub mod replay;
 pub mod resource;
 pub mod stream;
 #[allow(dead_code)]
@@ -41,6 +45,7 @@ pub use driver::{Device, Event, Stream};
 pub use error::{Error, Result};
 pub use resource::{
     CudaMemoryResource, HostMemoryResource, MemoryResource, Properties, SharedResource,
+    SimulatedMemoryResource,
 };
 pub use stream::StreamRef;
 

@@ -24,6 +24,8 @@ enum Command {
     Info,
     /// Run benchmarks and print Markdown tables.
     Bench(bench::BenchArgs),
+    /// Replay an RMM allocation log (CSV) on a resource and report peak, time and failures.
+    Replay(carve::replay::cli::ReplayArgs),
 }
 
 fn main() -> ExitCode {
@@ -31,6 +33,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info => info(),
         Command::Bench(args) => bench::run(&args),
+        Command::Replay(args) => carve::replay::cli::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

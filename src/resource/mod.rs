@@ -6,9 +6,11 @@
 
 mod cuda;
 mod host;
+mod simulated;
 
 pub use cuda::CudaMemoryResource;
 pub use host::HostMemoryResource;
+pub use simulated::{SimulatedMemoryResource, SimulatedUsage};
 
 use std::fmt;
 use std::ptr::NonNull;

@@ -1,0 +1,36 @@
+//! Resource adaptors: each wraps (and owns) an upstream resource, is a resource itself, and is a
+//! cheap `Clone` handle, so adaptors stack in any order.
+//!
+//! | adaptor | does |
+//! |---|---|
+//! | [`LimitingResourceAdaptor`] | refuses requests past a byte limit |
+//! | [`StatisticsResourceAdaptor`] | current / peak / total bytes and counts, in nested scopes |
+//! | [`TrackingResourceAdaptor`] | outstanding blocks, leak report, double-free and foreign-pointer detection |
+//! | [`LoggingResourceAdaptor`] | RMM's CSV allocation log, readable by `carve replay` |
+//! | [`FailureCallbackResourceAdaptor`] | on out-of-memory, calls back and retries |
+//! | [`AlignedResourceAdaptor`] | over-aligns requests at or above a size threshold |
+//! | [`PrefetchResourceAdaptor`] | prefetches managed allocations to the device |
+
+mod aligned;
+mod failure_callback;
+mod limiting;
+mod logging;
+mod prefetch;
+mod statistics;
+mod tracking;
+
+pub use aligned::AlignedResourceAdaptor;
+pub use failure_callback::FailureCallbackResourceAdaptor;
+pub use limiting::LimitingResourceAdaptor;
+pub use logging::{LogAction, LoggingResourceAdaptor, LOG_HEADER};
+pub use prefetch::PrefetchResourceAdaptor;
+pub use statistics::{Counter, StatisticsResourceAdaptor};
+pub use tracking::{Allocation, TrackingResourceAdaptor};
+
+use std::sync::{Mutex, MutexGuard};
+
+/// Locks a mutex whose data every critical section leaves consistent (each is a single insert,
+/// remove or counter update), so poisoning carries no information.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,150 @@
+//! `carve replay LOG.csv [--resource KIND] [sizes] [--simulate-capacity GiB]`.
+
+use std::path::PathBuf;
+
+use super::target::{build_target, ResourceKind, ResourceOptions};
+use super::{plan, read_log, replay, ReplayReport};
+use crate::error::{Error, Result};
+
+/// `carve replay` options.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ReplayArgs {
+    /// The allocation log (RMM's CSV: Thread,Time,Action,Pointer,Size,Stream).
+    pub log: PathBuf,
+    /// The resource to replay on.
+    #[arg(long, value_enum, default_value_t = ResourceKind::Cuda)]
+    pub resource: ResourceKind,
+    /// Device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// Initial pool size for suballocators (e.g. 1GiB, 512MiB, 4096).
+    #[arg(long, value_parser = parse_size)]
+    pub initial_size: Option<usize>,
+    /// Maximum pool size for suballocators.
+    #[arg(long, value_parser = parse_size)]
+    pub maximum_size: Option<usize>,
+    /// Block size (fixed) or largest bin (binning).
+    #[arg(long, value_parser = parse_size)]
+    pub block_size: Option<usize>,
+    /// Replay over address-only simulated memory of this many GiB: no GPU needed, answers
+    /// "would this log fit on a card this size with this resource?".
+    #[arg(long, value_name = "GiB", value_parser = parse_gib)]
+    pub simulate_capacity: Option<usize>,
+    /// No progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+impl ReplayArgs {
+    /// The resource options these arguments name.
+    pub fn resource_options(&self) -> ResourceOptions {
+        ResourceOptions {
+            kind: self.resource,
+            device: self.device,
+            initial_size: self.initial_size,
+            maximum_size: self.maximum_size,
+            block_size: self.block_size,
+            simulate_capacity: self.simulate_capacity,
+        }
+    }
+}
+
+/// Runs `carve replay`: prints the report, and fails (non-zero exit) when an allocation or free
+/// failed.
+pub fn run(args: &ReplayArgs) -> Result<()> {
+    let report = replay_file(args)?;
+    print!("{report}");
+    match &report.first_failure {
+        Some(ff) => Err(Error::OutOfMemory {
+            bytes: ff.bytes,
+            resource: "carve replay",
+            detail: format!(
+                "{} of {} allocations failed; the first at line {}",
+                report.failed_allocations, report.allocations, ff.line
+            ),
+        }),
+        None if !report.succeeded() => Err(Error::InvalidArgument(format!(
+            "{} free(s) were refused by the resource",
+            report.failed_frees
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Reads, checks and replays the log `args` names.
+pub fn replay_file(args: &ReplayArgs) -> Result<ReplayReport> {
+    let events = read_log(&args.log).map_err(|e| match e {
+        Error::MalformedLog { line, reason } => Error::MalformedLog {
+            line,
+            reason: format!("{}: {reason}", args.log.display()),
+        },
+        e => e,
+    })?;
+    let plan = plan(&events)?;
+    let target = build_target(&args.resource_options(), &plan.streams)?;
+    replay(&plan, &target, !args.no_progress)
+}
+
+/// Bytes from `4096`, `64KiB`, `1.5GiB`, `2G` (binary) or `2GB` (decimal).
+pub fn parse_size(text: &str) -> std::result::Result<usize, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (e.g. 4096, 64KiB, 1.5GiB)"))?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024f64.powi(2),
+        "g" | "gib" => 1024f64.powi(3),
+        "t" | "tib" => 1024f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        other => return Err(format!("unknown size unit {other:?} in {text:?}")),
+    };
+    let bytes = number * scale;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > isize::MAX as f64 {
+        return Err(format!("{text:?} is not a usable size"));
+    }
+    Ok(bytes as usize)
+}
+
+/// Bytes from a number of GiB (`80`, `0.5`).
+pub fn parse_gib(text: &str) -> std::result::Result<usize, String> {
+    let gib: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of GiB"))?;
+    let bytes = gib * (1u64 << 30) as f64;
+    if !bytes.is_finite() || bytes < 256.0 || bytes > (1u64 << 46) as f64 {
+        return Err(format!(
+            "{text:?} GiB is not a usable capacity (256 B to 64 TiB)"
+        ));
+    }
+    Ok(bytes as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
+        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size("2GB"), Ok(2_000_000_000));
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("abc").is_err());
+        assert_eq!(parse_gib("0.5"), Ok(1 << 29));
+        assert!(parse_gib("-1").is_err());
+        assert!(parse_gib("inf").is_err());
+    }
+}

@@ -1,0 +1,30 @@
+//! `carve replay`: replays an RMM allocation log (or one from
+//! [`LoggingResourceAdaptor`](crate::adaptor::LoggingResourceAdaptor)) on any resource.
+//!
+//! Beyond RMM's replay benchmark: one thread per logged thread, run in the logged global order
+//! (a [`sequencer`]); each logged stream mapped to a real stream; a report of peak usage, time,
+//! failed allocations and the first failure with the usage and fragmentation at that moment;
+//! and `--simulate-capacity`, which replays over address-only memory of a given size, with no GPU.
+//!
+//! | step | module |
+//! |---|---|
+//! | CSV -> events, with line numbers | [`parse`] |
+//! | events -> checked plan (slots, threads, streams) | [`plan`] |
+//! | `--resource` -> the resource and its streams | [`target`] |
+//! | the threaded replay and its report | [`run`], [`report`] |
+//! | the command line | [`cli`] |
+
+mod async_resource;
+pub mod cli;
+pub mod parse;
+pub mod plan;
+pub mod report;
+pub mod run;
+pub(crate) mod sequencer;
+pub mod target;
+
+pub use parse::{parse_log, read_log, LogEvent};
+pub use plan::{plan, Op, Plan, Step};
+pub use report::{FirstFailure, ReplayReport};
+pub use run::replay;
+pub use target::{build_target, ResourceKind, ResourceOptions, Target};

@@ -1,0 +1,223 @@
+//! The replay itself: one thread per logged thread, in the logged order.
+
+use std::ptr::NonNull;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use super::plan::{Op, Plan};
+use super::report::{FirstFailure, ReplayReport};
+use super::sequencer::Sequencer;
+use super::target::Target;
+use crate::adaptor::StatisticsResourceAdaptor;
+use crate::error::Result;
+use crate::resource::{MemoryResource, SharedResource, DEFAULT_ALIGNMENT};
+use crate::sync::atomic::{AtomicUsize, Ordering};
+
+/// Logs with at least this many steps get a progress bar (when asked for and stderr is a terminal).
+const PROGRESS_MIN_STEPS: usize = 10_000;
+/// The bar moves every this many steps, to keep it off the hot path.
+const PROGRESS_STRIDE: usize = 4096;
+
+/// Shared state of the workers. The sequencer orders every access, so relaxed atomics suffice.
+struct Shared<'a> {
+    plan: &'a Plan,
+    target: &'a Target,
+    mr: StatisticsResourceAdaptor<SharedResource>,
+    /// Exposed address of each slot's block; 0 when not allocated (or its allocation failed).
+    slots: Vec<AtomicUsize>,
+    failed_allocs: AtomicUsize,
+    failed_frees: AtomicUsize,
+    first_failure: Mutex<Option<FirstFailure>>,
+    first_failed_free: Mutex<Option<(u64, String)>>,
+    bar: ProgressBar,
+}
+
+/// Replays `plan` on `target` and reports. Failed allocations are counted (their frees skipped),
+/// never fatal; see [`ReplayReport::succeeded`]. Blocks the log leaves live are freed at the end.
+pub fn replay(plan: &Plan, target: &Target, progress: bool) -> Result<ReplayReport> {
+    let steps = plan.steps.len();
+    let bar = if progress && steps >= PROGRESS_MIN_STEPS {
+        let bar = ProgressBar::with_draw_target(Some(steps as u64), ProgressDrawTarget::stderr());
+        if let Ok(style) =
+            ProgressStyle::with_template("replay {bar:40} {pos}/{len} steps ({per_sec}, eta {eta})")
+        {
+            bar.set_style(style);
+        }
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let shared = Shared {
+        plan,
+        target,
+        mr: StatisticsResourceAdaptor::new(target.resource.clone()),
+        slots: (0..plan.slots.len()).map(|_| AtomicUsize::new(0)).collect(),
+        failed_allocs: AtomicUsize::new(0),
+        failed_frees: AtomicUsize::new(0),
+        first_failure: Mutex::new(None),
+        first_failed_free: Mutex::new(None),
+        bar,
+    };
+
+    let workers = plan.threads.len();
+    let owner: Vec<usize> = plan.steps.iter().map(|s| s.thread).collect();
+    let seq = Sequencer::new(owner, workers);
+    let mut mine: Vec<Vec<usize>> = vec![Vec::new(); workers];
+    for (i, s) in plan.steps.iter().enumerate() {
+        mine[s.thread].push(i);
+    }
+
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        for (w, steps) in mine.iter().enumerate() {
+            let (shared, seq) = (&shared, &seq);
+            scope.spawn(move || {
+                let _abort_on_panic = AbortOnPanic(seq);
+                seq.register(w);
+                for &i in steps {
+                    if !seq.wait(i) {
+                        return;
+                    }
+                    shared.run_step(i);
+                    if i % PROGRESS_STRIDE == 0 {
+                        shared.bar.set_position(i as u64);
+                    }
+                    seq.advance(i);
+                }
+            });
+        }
+    });
+    if let Some(dev) = &target.device {
+        dev.synchronize()?;
+    }
+    let elapsed = start.elapsed();
+    shared.bar.finish_and_clear();
+
+    let peak = shared.mr.bytes_counter().peak;
+    shared.free_leftovers();
+    if let Some(dev) = &target.device {
+        dev.synchronize()?;
+    }
+    Ok(shared.report(peak, elapsed))
+}
+
+/// Ends the sequence if a worker panics, so the others do not wait for it forever.
+struct AbortOnPanic<'a>(&'a Sequencer);
+
+impl Drop for AbortOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.abort();
+        }
+    }
+}
+
+impl Shared<'_> {
+    fn run_step(&self, i: usize) {
+        let step = self.plan.steps[i];
+        match step.op {
+            Op::Alloc {
+                slot,
+                bytes,
+                stream,
+            } => {
+                match self
+                    .mr
+                    .allocate(self.target.streams[stream], bytes, DEFAULT_ALIGNMENT)
+                {
+                    Ok(p) => {
+                        self.slots[slot].store(p.as_ptr().expose_provenance(), Ordering::Relaxed)
+                    }
+                    Err(e) => {
+                        self.failed_allocs.fetch_add(1, Ordering::Relaxed);
+                        let mut first =
+                            self.first_failure.lock().unwrap_or_else(|e| e.into_inner());
+                        if first.is_none() {
+                            *first = Some(FirstFailure {
+                                line: step.line,
+                                bytes,
+                                in_use: self.mr.bytes_counter().value.max(0) as usize,
+                                fragmentation: self.target.fragmentation.as_ref().map(|f| f()),
+                                error: e.to_string(),
+                            });
+                        }
+                    }
+                }
+            }
+            Op::Free {
+                slot,
+                bytes,
+                stream,
+            } => {
+                let addr = self.slots[slot].swap(0, Ordering::Relaxed);
+                if addr != 0 {
+                    if let Err(e) = self.free(addr, bytes, stream) {
+                        self.failed_frees.fetch_add(1, Ordering::Relaxed);
+                        let mut first = self
+                            .first_failed_free
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner());
+                        first.get_or_insert((step.line, e.to_string()));
+                    }
+                }
+            }
+        }
+    }
+
+    fn free(&self, addr: usize, bytes: usize, stream: usize) -> Result<()> {
+        let ptr = NonNull::new(std::ptr::with_exposed_provenance_mut::<u8>(addr))
+            .expect("slots hold non-zero addresses");
+        // SAFETY: `addr` is the exposed address of a block this replay allocated from `self.mr`
+        // with `bytes` and DEFAULT_ALIGNMENT, taken out of its slot so it is freed once; the
+        // replay never touches the memory.
+        unsafe {
+            self.mr
+                .deallocate(self.target.streams[stream], ptr, bytes, DEFAULT_ALIGNMENT)
+        }
+    }
+
+    /// Frees what the log never frees, so the resource is left empty.
+    fn free_leftovers(&self) {
+        for (slot, &(bytes, stream)) in self.plan.slots.iter().enumerate() {
+            let addr = self.slots[slot].swap(0, Ordering::Relaxed);
+            if addr != 0 && self.free(addr, bytes, stream).is_err() {
+                self.failed_frees.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn report(&self, peak: i64, elapsed: Duration) -> ReplayReport {
+        let allocations = self
+            .plan
+            .steps
+            .iter()
+            .filter(|s| matches!(s.op, Op::Alloc { .. }))
+            .count();
+        ReplayReport {
+            resource: self.target.name.clone(),
+            allocations,
+            frees: self.plan.steps.len() - allocations,
+            threads: self.plan.threads.len(),
+            streams: self.plan.streams.len(),
+            peak_bytes: peak.max(0) as usize,
+            logged_peak_bytes: self.plan.logged_peak,
+            elapsed,
+            failed_allocations: self.failed_allocs.load(Ordering::Relaxed),
+            first_failure: self
+                .first_failure
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            failed_frees: self.failed_frees.load(Ordering::Relaxed),
+            first_failed_free: self
+                .first_failed_free
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            logged_failures: self.plan.logged_failures,
+            unfreed: self.plan.unfreed,
+        }
+    }
+}

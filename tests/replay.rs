@@ -1,0 +1,382 @@
+//! `carve replay` on host and simulated memory (no GPU needed).
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+
+use carve::adaptor::{LoggingResourceAdaptor, StatisticsResourceAdaptor};
+use carve::replay::cli::{replay_file, ReplayArgs};
+use carve::replay::{build_target, parse_log, plan, replay, ResourceKind, ResourceOptions, Target};
+use carve::{Error, HostMemoryResource, MemoryResource, Properties, StreamRef};
+
+const GIB: usize = 1 << 30;
+
+#[derive(Clone, Default)]
+struct SharedBuf(Arc<Mutex<Vec<u8>>>);
+
+impl Write for SharedBuf {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn args(log: &Path, kind: ResourceKind) -> ReplayArgs {
+    ReplayArgs {
+        log: log.to_owned(),
+        resource: kind,
+        device: 0,
+        initial_size: None,
+        maximum_size: None,
+        block_size: None,
+        simulate_capacity: None,
+        no_progress: true,
+    }
+}
+
+fn write_log(dir: &Path, name: &str, rows: &[String]) -> PathBuf {
+    let path = dir.join(name);
+    let mut text = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    for r in rows {
+        text.push_str(r);
+        text.push('\n');
+    }
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn row(thread: u64, action: &str, ptr: u64, bytes: usize, stream: &str) -> String {
+    format!("{thread},12:00:00.000000,{action},{ptr:#x},{bytes},{stream}")
+}
+
+/// A deterministic pseudo-random workload: `steps` steps of allocate (60 %) or free a live block.
+fn workload(mr: &dyn MemoryResource, seed: u64, steps: usize, streams: &[StreamRef]) {
+    let mut x = seed | 1;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut live: Vec<(NonNull<u8>, usize, StreamRef)> = Vec::new();
+    for _ in 0..steps {
+        let r = next();
+        if r % 10 < 6 || live.is_empty() {
+            let bytes = 1 + (r >> 8) as usize % 100_000;
+            let s = streams[(r >> 40) as usize % streams.len()];
+            live.push((mr.allocate(s, bytes, 256).unwrap(), bytes, s));
+        } else {
+            let (p, bytes, s) = live.swap_remove((r >> 20) as usize % live.len());
+            // SAFETY: from `mr` with these arguments, freed once.
+            unsafe { mr.deallocate(s, p, bytes, 256) }.unwrap();
+        }
+    }
+    for (p, bytes, s) in live {
+        // SAFETY: as above.
+        unsafe { mr.deallocate(s, p, bytes, 256) }.unwrap();
+    }
+}
+
+#[test]
+fn logging_then_replay_reproduces_the_peak_single_thread() {
+    let buf = SharedBuf::default();
+    let stats = StatisticsResourceAdaptor::new(HostMemoryResource::new());
+    let logged = LoggingResourceAdaptor::to_writer(stats.clone(), buf.clone(), false).unwrap();
+    workload(
+        &logged,
+        7,
+        3000,
+        &[StreamRef::DEFAULT, StreamRef::simulated(5)],
+    );
+    logged.flush().unwrap();
+    let original_peak = stats.bytes_counter().peak as usize;
+
+    let text = buf.0.lock().unwrap().clone();
+    let plan = plan(&parse_log(&text[..]).unwrap()).unwrap();
+    assert_eq!(plan.logged_peak, original_peak);
+    assert_eq!(plan.streams.len(), 2);
+    let target = build_target(&ResourceOptions::new(ResourceKind::Host), &plan.streams).unwrap();
+    let report = replay(&plan, &target, false).unwrap();
+    assert!(report.succeeded(), "{report}");
+    assert_eq!(report.peak_bytes, original_peak);
+    assert_eq!(report.allocations + report.frees, plan.steps.len());
+    assert_eq!(
+        report.allocations,
+        stats.allocations_counter().total as usize
+    );
+    assert_eq!((report.threads, report.streams, report.unfreed), (1, 2, 0));
+}
+
+#[test]
+fn logging_then_replay_from_four_threads() {
+    let buf = SharedBuf::default();
+    let stats = StatisticsResourceAdaptor::new(HostMemoryResource::new());
+    let logged = LoggingResourceAdaptor::to_writer(stats.clone(), buf.clone(), false).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let logged = logged.clone();
+            s.spawn(move || {
+                let streams = [StreamRef::simulated(t as usize), StreamRef::DEFAULT];
+                workload(&logged, 100 + t, 1500, &streams);
+            });
+        }
+    });
+    logged.flush().unwrap();
+    let text = buf.0.lock().unwrap().clone();
+    let plan = plan(&parse_log(&text[..]).unwrap()).unwrap();
+    assert_eq!(plan.threads.len(), 4);
+    let target = build_target(&ResourceOptions::new(ResourceKind::Host), &plan.streams).unwrap();
+    let report = replay(&plan, &target, false).unwrap();
+    assert!(report.succeeded(), "{report}");
+    // The replay runs in log order, so it reproduces the log's peak exactly; a line is written
+    // after its allocation and before its free, so that peak never exceeds the real one.
+    assert_eq!(report.peak_bytes, plan.logged_peak);
+    assert!(report.peak_bytes <= stats.bytes_counter().peak as usize);
+    assert_eq!(
+        report.allocations,
+        stats.allocations_counter().total as usize
+    );
+    assert_eq!(report.threads, 4);
+    assert_eq!(report.streams, 5);
+}
+
+/// Records (OS thread, bytes, stream) of every allocation, over host memory.
+#[derive(Debug, Default)]
+struct Recorder {
+    host: HostMemoryResource,
+    seen: Mutex<Vec<(std::thread::ThreadId, usize, StreamRef)>>,
+}
+
+// SAFETY: delegates to the host resource.
+unsafe impl MemoryResource for Recorder {
+    fn allocate(&self, s: StreamRef, bytes: usize, align: usize) -> carve::Result<NonNull<u8>> {
+        self.seen
+            .lock()
+            .unwrap()
+            .push((std::thread::current().id(), bytes, s));
+        self.host.allocate(s, bytes, align)
+    }
+    unsafe fn deallocate(
+        &self,
+        s: StreamRef,
+        p: NonNull<u8>,
+        bytes: usize,
+        align: usize,
+    ) -> carve::Result<()> {
+        // SAFETY: forwarded caller contract.
+        unsafe { self.host.deallocate(s, p, bytes, align) }
+    }
+    fn properties(&self) -> Properties {
+        Properties::HOST
+    }
+}
+
+#[test]
+fn replay_follows_the_global_order_with_one_os_thread_per_logged_thread() {
+    // Three logged threads, interleaved; sizes number the allocations in log order.
+    let mut rows = Vec::new();
+    for i in 0..300u64 {
+        let thread = [11, 22, 33][(i * 7 % 3) as usize];
+        let stream = ["0", "0xa0", "0xb0"][(i % 3) as usize];
+        rows.push(row(
+            thread,
+            "allocate",
+            0x1000 + i * 0x100,
+            i as usize + 1,
+            stream,
+        ));
+    }
+    let text = format!(
+        "Thread,Time,Action,Pointer,Size,Stream\n{}\n",
+        rows.join("\n")
+    );
+    let plan = plan(&parse_log(text.as_bytes()).unwrap()).unwrap();
+    let rec = Arc::new(Recorder::default());
+    let streams = vec![
+        StreamRef::DEFAULT,
+        StreamRef::simulated(1),
+        StreamRef::simulated(2),
+    ];
+    let target = Target::new(rec.clone(), "recorder", streams.clone());
+    let report = replay(&plan, &target, false).unwrap();
+    assert!(report.succeeded(), "{report}");
+    assert_eq!(report.unfreed, 300);
+    assert_eq!(
+        rec.host.allocation_count(),
+        0,
+        "unfreed blocks are freed at the end"
+    );
+    let seen = rec.seen.lock().unwrap();
+    let sizes: Vec<usize> = seen.iter().map(|s| s.1).collect();
+    assert_eq!(sizes, (1..=300).collect::<Vec<_>>());
+    for (i, (_, _, s)) in seen.iter().enumerate() {
+        assert_eq!(*s, streams[i % 3]);
+    }
+    // Each logged thread ran on one OS thread of its own.
+    let mut by_logged: std::collections::HashMap<u64, std::collections::HashSet<_>> =
+        Default::default();
+    for (i, (tid, _, _)) in seen.iter().enumerate() {
+        by_logged
+            .entry([11, 22, 33][i * 7 % 3])
+            .or_default()
+            .insert(*tid);
+    }
+    assert!(by_logged.values().all(|set| set.len() == 1));
+    let os: std::collections::HashSet<_> = by_logged.values().flatten().collect();
+    assert_eq!(os.len(), 3);
+}
+
+#[test]
+fn simulated_capacity_answers_whether_a_log_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    // Four 1 GiB blocks; free the first and third; then ask for 2 GiB.
+    let g = GIB as u64;
+    let log = write_log(
+        dir.path(),
+        "frag.csv",
+        &[
+            row(1, "allocate", g, GIB, "0"),
+            row(1, "allocate", 2 * g, GIB, "0"),
+            row(1, "allocate", 3 * g, GIB, "0"),
+            row(1, "allocate", 4 * g, GIB, "0"),
+            row(1, "free", g, GIB, "0"),
+            row(1, "free", 3 * g, GIB, "0"),
+            row(1, "allocate", 5 * g, 2 * GIB, "0"),
+        ],
+    );
+    let mut a = args(&log, ResourceKind::Cuda);
+    a.simulate_capacity = Some(4 * GIB);
+    let report = replay_file(&a).unwrap();
+    assert!(!report.succeeded());
+    assert_eq!(report.failed_allocations, 1);
+    let ff = report.first_failure.clone().unwrap();
+    assert_eq!((ff.line, ff.bytes, ff.in_use), (8, 2 * GIB, 2 * GIB));
+    assert!((ff.fragmentation.unwrap() - 0.5).abs() < 1e-9, "{ff:?}");
+    assert_eq!(report.peak_bytes, 4 * GIB);
+    let text = report.to_string();
+    assert!(text.contains("first failure: line 8"), "{text}");
+    assert!(text.contains("fragmentation 50.0 %"), "{text}");
+
+    // 5 GiB would still fail (three separate 1 GiB holes); 6 GiB leaves a 2 GiB tail.
+    a.simulate_capacity = Some(5 * GIB);
+    assert_eq!(replay_file(&a).unwrap().failed_allocations, 1);
+    a.simulate_capacity = Some(6 * GIB);
+    let report = replay_file(&a).unwrap();
+    assert!(report.succeeded(), "{report}");
+    assert_eq!(report.peak_bytes, 4 * GIB);
+}
+
+#[test]
+fn malformed_logs_give_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "columns.csv",
+            vec![
+                row(1, "allocate", 0x100, 8, "0"),
+                "1,t,allocate,0x200".to_owned(),
+            ],
+            3,
+            "expected 6 columns, found 4",
+        ),
+        (
+            "number.csv",
+            vec![
+                row(1, "allocate", 0x100, 8, "0"),
+                "1,t,allocate,0x200,eight,0".to_owned(),
+            ],
+            3,
+            "Size \"eight\"",
+        ),
+        (
+            "unknown.csv",
+            vec![
+                row(1, "allocate", 0x100, 8, "0"),
+                row(1, "allocate", 0x200, 8, "0"),
+                row(2, "free", 0x300, 8, "0"),
+            ],
+            4,
+            "free of unknown pointer 0x300",
+        ),
+    ];
+    for (name, rows, line, needle) in cases {
+        let path = write_log(dir.path(), name, &rows);
+        match replay_file(&args(&path, ResourceKind::Host)) {
+            Err(Error::MalformedLog { line: l, reason }) => {
+                assert_eq!(l, line, "{name}: {reason}");
+                assert!(reason.contains(needle), "{name}: {reason}");
+            }
+            other => panic!("{name}: expected MalformedLog, got {other:?}"),
+        }
+    }
+    let missing = args(&dir.path().join("absent.csv"), ResourceKind::Host);
+    assert!(matches!(replay_file(&missing), Err(Error::Io(_))));
+}
+
+#[test]
+fn suballocator_kinds_say_they_are_not_built_yet() {
+    for kind in [
+        ResourceKind::Pool,
+        ResourceKind::Binning,
+        ResourceKind::Arena,
+        ResourceKind::Fixed,
+    ] {
+        let mut opts = ResourceOptions::new(kind);
+        opts.simulate_capacity = Some(GIB);
+        match build_target(&opts, &[0]) {
+            Err(Error::Unsupported(why)) => assert!(why.contains("not built yet"), "{why}"),
+            other => panic!("{kind}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn cli_exit_status_reflects_failures() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = write_log(
+        dir.path(),
+        "big.csv",
+        &[
+            row(1, "allocate", 0x1000, 3 * GIB, "0"),
+            row(2, "allocate", 0x2000, 2 * GIB, "0x7f00"),
+            row(1, "free", 0x1000, 3 * GIB, "0"),
+            row(2, "free", 0x2000, 2 * GIB, "0x7f00"),
+        ],
+    );
+    let run = |gib: &str| {
+        Command::new(env!("CARGO_BIN_EXE_carve"))
+            .args(["replay", log.to_str().unwrap(), "--simulate-capacity", gib])
+            .output()
+            .unwrap()
+    };
+    let fits = run("8");
+    let out = String::from_utf8_lossy(&fits.stdout);
+    assert!(
+        fits.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&fits.stderr)
+    );
+    assert!(out.contains("failed allocations 0"), "{out}");
+    assert!(out.contains("2 thread(s), 2 stream(s)"), "{out}");
+
+    let short = run("4");
+    let out = String::from_utf8_lossy(&short.stdout);
+    let err = String::from_utf8_lossy(&short.stderr);
+    assert!(!short.status.success());
+    assert!(
+        out.contains("first failure: line 3, 2147483648 bytes"),
+        "{out}"
+    );
+    assert!(err.contains("1 of 2 allocations failed"), "{err}");
+
+    let bad = Command::new(env!("CARGO_BIN_EXE_carve"))
+        .args(["replay", "/no/such/log.csv", "--resource", "host"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+}
