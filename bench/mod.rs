@@ -3,6 +3,8 @@
 //! BENCHMARKS.md. Timings are ratios against peers measured in the same run.
 
 pub mod alloc_free;
+mod driver_pool;
+pub mod random_allocations;
 pub mod table;
 
 use clap::{Args, ValueEnum};
@@ -23,11 +25,13 @@ pub struct BenchArgs {
 pub enum Workload {
     /// Allocate and free one size in a loop, through each plain resource.
     AllocFree,
+    /// RMM's random_allocations: pool, binning, fixed-size, arena vs cuMemAlloc and the driver pool.
+    RandomAllocations,
 }
 
 /// Runs the chosen workloads, printing each table as it completes.
 pub fn run(args: &BenchArgs) -> carve::Result<()> {
-    let all = [Workload::AllocFree];
+    let all = [Workload::AllocFree, Workload::RandomAllocations];
     let chosen = if args.workloads.is_empty() {
         &all[..]
     } else {
@@ -36,6 +40,9 @@ pub fn run(args: &BenchArgs) -> carve::Result<()> {
     for w in chosen {
         match w {
             Workload::AllocFree => alloc_free::run(args.quick)?.print(),
+            Workload::RandomAllocations => random_allocations::run(args.quick)?
+                .iter()
+                .for_each(|t| t.print()),
         }
     }
     Ok(())

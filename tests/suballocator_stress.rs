@@ -69,7 +69,8 @@ fn hammer<M: MemoryResource>(mr: &M, max_bytes: usize) {
 
 #[test]
 fn pool_under_16_threads() {
-    let pool = PoolMemoryResource::new(HostMemoryResource::new(), PoolOptions::new(1 << 20)).unwrap();
+    let pool =
+        PoolMemoryResource::new(HostMemoryResource::new(), PoolOptions::new(1 << 20)).unwrap();
     hammer(&pool, 20_000);
     pool.check_invariants().unwrap();
     assert_eq!(pool.stats().bytes_in_use, 0);
@@ -86,7 +87,10 @@ fn fixed_size_under_16_threads() {
 
 #[test]
 fn arena_under_16_threads() {
-    let opts = ArenaOptions { superblock_size: 1 << 20, ..Default::default() };
+    let opts = ArenaOptions {
+        superblock_size: 1 << 20,
+        ..Default::default()
+    };
     let mr = ArenaMemoryResource::new(HostMemoryResource::new(), opts).unwrap();
     hammer(&mr, 200_000);
     mr.check_invariants().unwrap();

@@ -83,7 +83,7 @@ fn small_resource(per_refill: u32) -> FixedSizeMemoryResource<HostMemoryResource
     let opts = FixedSizeOptions::new(256)
         .blocks_per_refill(per_refill)
         .max_refills(4)
-        .order(Arc::new(HostOrder));
+        .order(std::sync::Arc::new(HostOrder));
     FixedSizeMemoryResource::new(HostMemoryResource::new(), opts).unwrap()
 }
 

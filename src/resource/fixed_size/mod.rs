@@ -22,7 +22,9 @@ use super::{align_up, check_request, MemoryResource, Properties, StreamOrder, DE
 use crate::error::{Error, Result};
 use crate::stream::StreamRef;
 use crate::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use crate::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use crate::sync::Mutex;
 
 const NAME: &str = "FixedSizeMemoryResource";
 const GRAIN: usize = DEFAULT_ALIGNMENT;
