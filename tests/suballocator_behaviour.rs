@@ -174,7 +174,8 @@ fn bad_input_gets_typed_errors_and_leaves_every_resource_intact() {
     let pool = PoolMemoryResource::new(host.clone(), PoolOptions::new(MIB)).unwrap();
     let fixed = FixedSizeMemoryResource::new(host.clone(), FixedSizeOptions::new(4096)).unwrap();
     let arena = ArenaMemoryResource::new(host.clone(), ArenaOptions::default()).unwrap();
-    let resources: [(&dyn MemoryResource, &dyn Fn() -> Result<(), String>); 3] = [
+    type Check<'a> = &'a dyn Fn() -> Result<(), String>;
+    let resources: [(&dyn MemoryResource, Check<'_>); 3] = [
         (&pool, &|| pool.check_invariants()),
         (&fixed, &|| fixed.check_invariants()),
         (&arena, &|| arena.check_invariants()),
@@ -193,16 +194,18 @@ fn bad_input_gets_typed_errors_and_leaves_every_resource_intact() {
         let p = mr.allocate(s, 100, 256).unwrap();
         let mut local = [0u8; 512];
         let foreign = NonNull::new(local.as_mut_ptr()).unwrap();
-        // SAFETY (all below): invalid frees on purpose; the resources must refuse them
-        // without touching memory.
+        // SAFETY: an invalid free on purpose; the resource must refuse it untouched.
         let e = unsafe { mr.deallocate(s, foreign, 100, 256) }.unwrap_err();
         assert!(matches!(e, Error::UnknownPointer { .. }), "{mr:?}: {e}");
         // SAFETY: an interior pointer of a live block.
         let inner = unsafe { NonNull::new_unchecked(p.as_ptr().add(16)) };
+        // SAFETY: refused before any use (interior pointer).
         let e = unsafe { mr.deallocate(s, inner, 100, 256) }.unwrap_err();
         assert!(matches!(e, Error::UnknownPointer { .. }), "{mr:?}: {e}");
         check().unwrap();
+        // SAFETY: the one valid free of `p`; the second is refused as a double free.
         unsafe { mr.deallocate(s, p, 100, 256) }.unwrap();
+        // SAFETY: see above.
         let e = unsafe { mr.deallocate(s, p, 100, 256) }.unwrap_err();
         assert!(matches!(e, Error::DoubleFree { .. }), "{mr:?}: {e}");
         check().unwrap();
@@ -212,6 +215,7 @@ fn bad_input_gets_typed_errors_and_leaves_every_resource_intact() {
         check().unwrap();
     }
     let e = pool.allocate(s, 10, 256).unwrap();
+    // SAFETY: a wrong size on purpose; refused before any state changes.
     let mismatch = unsafe { pool.deallocate(s, e, 11, 256) }.unwrap_err();
     assert!(matches!(
         mismatch,

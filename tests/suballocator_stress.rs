@@ -63,6 +63,7 @@ fn hammer<M: MemoryResource>(mr: &M, max_bytes: usize) {
         // SAFETY: as above, now freed by the main thread on yet another stream.
         let bytes = unsafe { std::slice::from_raw_parts(a as *const u8, n) };
         assert!(bytes == vec![tag; n].as_slice());
+        // SAFETY: a live block of `mr` allocated with `n` bytes, freed once.
         unsafe { mr.deallocate(s, NonNull::new(a as *mut u8).unwrap(), n, 256) }.unwrap();
     }
 }

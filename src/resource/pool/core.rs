@@ -6,6 +6,7 @@
 //! were freed on and merge only with neighbours of the same stream and chunk.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::ptr::NonNull;
 
 use crate::error::{Error, Result};
@@ -16,6 +17,27 @@ use super::super::StreamOrder;
 
 /// Every block is a multiple of this, at an address aligned to it.
 pub(crate) const GRAIN: usize = DEFAULT_ALIGNMENT;
+
+/// Keys are distinct 256-byte-aligned addresses: a multiply-shift hash spreads them well and
+/// costs far less than SipHash, which no attacker-chosen key here needs.
+#[derive(Clone, Copy, Debug, Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = ((n as u64) >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type AddrMap<V> = HashMap<usize, V, BuildHasherDefault<AddrHasher>>;
 
 #[derive(Clone, Copy, Debug)]
 struct Free {
@@ -42,7 +64,7 @@ pub(crate) struct PoolCore {
     chunks: BTreeMap<usize, usize>,
     free: BTreeMap<usize, Free>,
     by_size: Vec<(StreamRef, BTreeSet<(usize, usize)>)>,
-    live: HashMap<usize, Live>,
+    live: AddrMap<Live>,
     pool_size: usize,
     in_use: usize,
 }
