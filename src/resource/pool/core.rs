@@ -169,18 +169,32 @@ impl PoolCore {
         NonNull::new(start as *mut u8)
     }
 
-    /// Another stream with a free block that fits, if any.
-    pub fn stream_with_fit(
+    /// The best-fitting free block of another stream, with that stream.
+    pub fn other_fit(
         &self,
         stream: StreamRef,
         bytes: usize,
         align: usize,
-    ) -> Option<StreamRef> {
+    ) -> Option<(StreamRef, usize)> {
         let (_, search) = footprint(bytes, align)?;
         self.by_size
             .iter()
-            .find(|(s, set)| *s != stream && set.range((search, 0)..).next().is_some())
-            .map(|(s, _)| *s)
+            .filter(|(s, _)| *s != stream)
+            .filter_map(|(s, set)| {
+                set.range((search, 0)..)
+                    .next()
+                    .map(|&(size, a)| (size, a, *s))
+            })
+            .min()
+            .map(|(_, a, s)| (s, a))
+    }
+
+    /// Hands one free block to `to`, coalescing (the caller has ordered `to` after its stream).
+    pub fn retag_block(&mut self, addr: usize, to: StreamRef) {
+        if let Some(f) = self.free.get(&addr).copied() {
+            self.remove_free(addr);
+            self.insert_coalesced(addr, f.size, to);
+        }
     }
 
     /// The other streams holding free blocks.
@@ -391,9 +405,10 @@ impl PoolCore {
 }
 
 /// Finds a block for a checked request in `core` without growing it: the stream's own blocks
-/// first; then a fitting block of another stream (one wait, which hands over all that stream's
-/// free blocks); then every stream's free blocks merged, so fragmentation across streams never
-/// forces growth.
+/// first; then the best-fitting block of another stream (one wait); then every stream's free
+/// blocks merged (one wait per stream), so fragmentation across streams never forces growth.
+/// Taking one block rather than a whole stream's list keeps two streams that trade blocks from
+/// moving thousands of blocks back and forth.
 pub(crate) fn allocate_from(
     core: &mut PoolCore,
     order: &dyn StreamOrder,
@@ -404,9 +419,9 @@ pub(crate) fn allocate_from(
     if let Some(p) = core.take(stream, bytes, align) {
         return Ok(Some(p));
     }
-    if let Some(victim) = core.stream_with_fit(stream, bytes, align) {
+    if let Some((victim, block)) = core.other_fit(stream, bytes, align) {
         order.order_after(stream, victim)?;
-        core.retag(victim, stream);
+        core.retag_block(block, stream);
         if let Some(p) = core.take(stream, bytes, align) {
             return Ok(Some(p));
         }

@@ -4,6 +4,11 @@
 //! O(log n), so it does not collapse with many live blocks), a free records no event (streams
 //! are ordered only when one takes another's memory), free blocks of all streams are merged
 //! before the pool grows, and [`release`](PoolMemoryResource::release) returns empty chunks.
+//!
+//! **Stream lifetime.** Because no event is recorded at free time, the pool may order another
+//! stream after the freeing stream later (`cuEventRecord` on it). A stream passed to the pool
+//! must therefore stay alive while blocks freed on it sit in the pool: call
+//! [`release`](PoolMemoryResource::release) or drop the pool before destroying such a stream.
 
 pub(crate) mod core;
 
