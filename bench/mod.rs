@@ -4,6 +4,8 @@
 
 pub mod adaptor_overhead;
 pub mod alloc_free;
+mod driver_pool;
+pub mod random_allocations;
 pub mod table;
 
 use clap::{Args, ValueEnum};
@@ -26,11 +28,17 @@ pub enum Workload {
     AllocFree,
     /// What each adaptor adds per allocate + free.
     AdaptorOverhead,
+    /// RMM's random_allocations: pool, binning, fixed-size, arena vs cuMemAlloc and the driver pool.
+    RandomAllocations,
 }
 
 /// Runs the chosen workloads, printing each table as it completes.
 pub fn run(args: &BenchArgs) -> carve::Result<()> {
-    let all = [Workload::AllocFree, Workload::AdaptorOverhead];
+    let all = [
+        Workload::AllocFree,
+        Workload::AdaptorOverhead,
+        Workload::RandomAllocations,
+    ];
     let chosen = if args.workloads.is_empty() {
         &all[..]
     } else {
@@ -40,6 +48,9 @@ pub fn run(args: &BenchArgs) -> carve::Result<()> {
         match w {
             Workload::AllocFree => alloc_free::run(args.quick)?.print(),
             Workload::AdaptorOverhead => adaptor_overhead::run(args.quick)?.print(),
+            Workload::RandomAllocations => random_allocations::run(args.quick)?
+                .iter()
+                .for_each(|t| t.print()),
         }
     }
     Ok(())

@@ -20,7 +20,7 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | [`resource`] | the trait, `CudaMemoryResource`, `HostMemoryResource` |
+//! | [`resource`] | the trait, `CudaMemoryResource`, `HostMemoryResource`, suballocators (pool, fixed-size, binning, arena) |
 //! | [`driver`] | devices, streams, events, the embedded PTX |
 //! | [`buffer`] | `DeviceBuffer`, `DeviceVec<T: Pod>` |
 //! | [`current`] | the per-device current resource |
@@ -44,7 +44,8 @@ pub use buffer::{DeviceBuffer, DeviceVec};
 pub use driver::{Device, Event, Stream};
 pub use error::{Error, Result};
 pub use resource::{
-    CudaMemoryResource, HostMemoryResource, MemoryResource, Properties, SharedResource,
+    ArenaMemoryResource, BinningMemoryResource, CudaMemoryResource, FixedSizeMemoryResource,
+    HostMemoryResource, MemoryResource, PoolMemoryResource, Properties, SharedResource,
     SimulatedMemoryResource,
 };
 pub use stream::StreamRef;

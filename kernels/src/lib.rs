@@ -19,6 +19,7 @@
 #[cfg(test)]
 extern crate std;
 
+pub mod blocks;
 pub mod smoke;
 pub mod sync;
 

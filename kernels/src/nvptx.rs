@@ -17,3 +17,16 @@ pub fn trap() -> ! {
     // SAFETY: `trap` ends the thread; it has no other effect on memory.
     unsafe { nvptx::trap() }
 }
+
+/// (block index, thread index in the block, block size) in a 1-D launch.
+#[inline(always)]
+pub fn block_thread_dim() -> (u32, u32, u32) {
+    // SAFETY: reading special registers has no preconditions inside a kernel.
+    unsafe {
+        (
+            nvptx::_block_idx_x() as u32,
+            nvptx::_thread_idx_x() as u32,
+            nvptx::_block_dim_x() as u32,
+        )
+    }
+}

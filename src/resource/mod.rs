@@ -4,13 +4,23 @@
 //! upstream of another: adaptors and suballocators own an upstream `R: MemoryResource`.
 //! `Arc<dyn MemoryResource>` ([`SharedResource`]) is itself a resource, for type-erased stacks.
 
+mod arena;
+mod binning;
 mod cuda;
+mod fixed_size;
 mod host;
+mod pool;
 mod simulated;
+mod stream_order;
 
+pub use arena::{ArenaMemoryResource, ArenaOptions, ArenaStats};
+pub use binning::{Bin, BinningMemoryResource};
 pub use cuda::CudaMemoryResource;
+pub use fixed_size::{FixedSizeMemoryResource, FixedSizeOptions, FixedSizeStats};
 pub use host::HostMemoryResource;
+pub use pool::{PoolMemoryResource, PoolOptions, PoolStats};
 pub use simulated::{SimulatedMemoryResource, SimulatedUsage};
+pub use stream_order::{CudaOrder, HostOrder, OrderEvent, RecordingOrder, StreamOrder};
 
 use std::fmt;
 use std::ptr::NonNull;

@@ -1,0 +1,260 @@
+//! RMM's `random_allocations` workload: 2×N steps; each allocates (sizes uniform in 1..=max)
+//! with 73 % probability while fewer than N allocations were made and live bytes stay under a
+//! cap, and otherwise frees a random live allocation. Fixed seed. Reports ns per step.
+//! A second table runs it on 1, 4 and 16 threads at once, each on its own stream.
+
+use std::ptr::NonNull;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use carve::resource::{ArenaOptions, FixedSizeOptions, PoolOptions};
+use carve::{
+    ArenaMemoryResource, BinningMemoryResource, CudaMemoryResource, Device,
+    FixedSizeMemoryResource, HostMemoryResource, MemoryResource, PoolMemoryResource,
+    SharedResource, StreamRef,
+};
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+
+use super::driver_pool::DriverPool;
+use super::table::{ns, Table};
+
+const MIB: usize = 1 << 20;
+const SEED: u64 = 0x5EED;
+
+/// Runs the workload once; returns the time of the 2×N steps (the final cleanup is untimed).
+pub fn workload(
+    mr: &dyn MemoryResource,
+    stream: StreamRef,
+    n: usize,
+    max_bytes: usize,
+    cap: usize,
+    seed: u64,
+) -> carve::Result<Duration> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut live: Vec<(NonNull<u8>, usize)> = Vec::with_capacity(n);
+    let (mut made, mut live_bytes) = (0usize, 0usize);
+    let t = Instant::now();
+    for _ in 0..2 * n {
+        let size = rng.random_range(1..=max_bytes);
+        let alloc = rng.random_bool(0.73) && made < n && live_bytes + size <= cap;
+        if alloc {
+            live.push((mr.allocate(stream, size, 256)?, size));
+            made += 1;
+            live_bytes += size;
+        } else if !live.is_empty() {
+            let (p, size) = live.swap_remove(rng.random_range(0..live.len()));
+            // SAFETY: allocated above from `mr` with this size, freed once.
+            unsafe { mr.deallocate(stream, p, size, 256)? };
+            live_bytes -= size;
+        }
+    }
+    let elapsed = t.elapsed();
+    for (p, size) in live {
+        // SAFETY: as above.
+        unsafe { mr.deallocate(stream, p, size, 256)? };
+    }
+    Ok(elapsed)
+}
+
+struct Setup {
+    device: Option<Device>,
+    cap: usize,
+}
+
+impl Setup {
+    fn upstream(&self) -> SharedResource {
+        match &self.device {
+            Some(d) => std::sync::Arc::new(CudaMemoryResource::new(d)),
+            None => std::sync::Arc::new(HostMemoryResource::new()),
+        }
+    }
+
+    fn stream(&self, i: usize) -> carve::Result<(StreamRef, Option<carve::Stream>)> {
+        match &self.device {
+            Some(d) => {
+                let s = d.new_stream()?;
+                Ok((s.as_ref(), Some(s)))
+            }
+            None => Ok((StreamRef::simulated(i), None)),
+        }
+    }
+
+    /// The resources of the single-thread table, built fresh for each cell.
+    fn single(&self, name: &str, max_bytes: usize) -> carve::Result<Option<SharedResource>> {
+        let up = self.upstream();
+        Ok(Some(match name {
+            "cuda (cuMemAlloc)" => match &self.device {
+                Some(d) => std::sync::Arc::new(CudaMemoryResource::new(d)),
+                None => return Ok(None),
+            },
+            "driver pool (cuMemAllocAsync)" => match &self.device {
+                Some(d) => std::sync::Arc::new(DriverPool::new(d)?),
+                None => return Ok(None),
+            },
+            "host (std::alloc)" => match &self.device {
+                Some(_) => return Ok(None),
+                None => up,
+            },
+            "pool" => std::sync::Arc::new(PoolMemoryResource::new(up, PoolOptions::new(0))?),
+            "binning (2^18..2^22)" => std::sync::Arc::new(BinningMemoryResource::new(up, 18, 22)?),
+            "fixed-size (block = max)" => std::sync::Arc::new(FixedSizeMemoryResource::new(
+                up,
+                FixedSizeOptions::new(max_bytes),
+            )?),
+            "arena" => std::sync::Arc::new(ArenaMemoryResource::new(up, ArenaOptions::default())?),
+            _ => return Ok(None),
+        }))
+    }
+
+    fn threaded(&self, name: &str, max_bytes: usize) -> carve::Result<SharedResource> {
+        let up = self.upstream();
+        Ok(match name {
+            "pool" => std::sync::Arc::new(PoolMemoryResource::new(up, PoolOptions::new(0))?),
+            "fixed-size" => std::sync::Arc::new(FixedSizeMemoryResource::new(
+                up,
+                FixedSizeOptions::new(max_bytes),
+            )?),
+            _ => std::sync::Arc::new(ArenaMemoryResource::new(up, ArenaOptions::default())?),
+        })
+    }
+}
+
+const SINGLE: [&str; 7] = [
+    "cuda (cuMemAlloc)",
+    "driver pool (cuMemAllocAsync)",
+    "host (std::alloc)",
+    "pool",
+    "binning (2^18..2^22)",
+    "fixed-size (block = max)",
+    "arena",
+];
+
+pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
+    let device = Device::get(0).ok();
+    let cap = if device.is_some() {
+        16000 * MIB
+    } else {
+        4096 * MIB
+    };
+    let setup = Setup { device, cap };
+    let ns_list: &[usize] = if quick {
+        &[1000, 10_000]
+    } else {
+        &[1000, 10_000, 100_000]
+    };
+    let variants = [(MIB, "1 MiB"), (64 << 10, "64 KiB")];
+
+    let mut header = vec!["resource".to_string()];
+    for (_, vname) in variants {
+        for &n in ns_list {
+            header.push(format!("N={n:.0e}, {vname}"));
+        }
+    }
+    let hdr: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut single = Table::new(
+        "random_allocations: ns per step, single thread, default stream (median of 3 passes after a warm-up pass)",
+        &hdr,
+    );
+    match &setup.device {
+        Some(d) => single.note(format!("device: {}", d.properties()?.name)),
+        None => single.note("no GPU: host-memory upstream, cap 4096 MiB".to_string()),
+    }
+    single.note(format!(
+        "live-bytes cap {} MiB; seed {SEED:#x}",
+        setup.cap / MIB
+    ));
+    for name in SINGLE {
+        let mut row = vec![name.to_string()];
+        let mut any = false;
+        for (max, _) in variants {
+            for &n in ns_list {
+                if name.starts_with("cuda") && n > 10_000 {
+                    row.push("–".into());
+                    continue;
+                }
+                let Some(mr) = setup.single(name, max)? else {
+                    row.push("–".into());
+                    continue;
+                };
+                // One untimed pass warms the resource (pools reach their size), then three
+                // timed passes on it.
+                let mut times = Vec::new();
+                for rep in 0..4 {
+                    let t = workload(&*mr, StreamRef::DEFAULT, n, max, setup.cap, SEED)?;
+                    if rep > 0 {
+                        times.push(t);
+                    }
+                    if let Some(d) = &setup.device {
+                        d.synchronize()?;
+                    }
+                }
+                drop(mr);
+                any = true;
+                times.sort();
+                row.push(ns(times[times.len() / 2].as_nanos() as f64 / (2 * n) as f64));
+            }
+        }
+        if any {
+            single.row(row);
+        }
+    }
+
+    let mut multi = Table::new(
+        "random_allocations, multi-threaded: each thread its own stream, N=1e4 per thread, max 64 KiB",
+        &["resource", "threads", "M steps/s (all threads)", "ns per step per thread", "speedup vs 1 thread"],
+    );
+    let threads: &[usize] = &[1, 4, 16];
+    let n = if quick { 2000 } else { 10_000 };
+    let max = 64 << 10;
+    for name in ["pool", "fixed-size", "arena"] {
+        let mut base = 0.0;
+        for &t in threads {
+            let mr = setup.threaded(name, max)?;
+            let streams: Vec<_> = (0..t)
+                .map(|i| setup.stream(i + 1))
+                .collect::<carve::Result<_>>()?;
+            let barrier = Barrier::new(t + 1);
+            let per_thread_cap = setup.cap / 16;
+            let wall = std::thread::scope(|scope| -> carve::Result<Duration> {
+                let hs: Vec<_> = streams
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (s, _))| {
+                        let (mr, barrier, s) = (&mr, &barrier, *s);
+                        scope.spawn(move || {
+                            // Warm-up: the same run, so the timed one reuses memory.
+                            workload(&**mr, s, n, max, per_thread_cap, SEED + i as u64)?;
+                            barrier.wait();
+                            workload(&**mr, s, n, max, per_thread_cap, SEED + i as u64)
+                        })
+                    })
+                    .collect();
+                barrier.wait();
+                let start = Instant::now();
+                for h in hs {
+                    h.join().expect("bench thread panicked")?;
+                }
+                Ok(start.elapsed())
+            })?;
+            if let Some(d) = &setup.device {
+                d.synchronize()?;
+            }
+            let steps = (2 * n * t) as f64;
+            let rate = steps / wall.as_secs_f64() / 1e6;
+            if t == 1 {
+                base = rate;
+            }
+            multi.row(vec![
+                name.into(),
+                t.to_string(),
+                format!("{rate:.1}"),
+                ns(wall.as_nanos() as f64 / (2 * n) as f64),
+                format!("{:.1}×", rate / base),
+            ]);
+            drop(streams);
+        }
+    }
+    multi.note("after an untimed warm-up run per thread: wall time from a common start barrier to the last thread's end (cleanup untimed)");
+    Ok(vec![single, multi])
+}

@@ -1,0 +1,295 @@
+//! [`ArenaMemoryResource`]: per-thread arenas over a global arena of superblocks, in RMM's arena
+//! role.
+//!
+//! Each thread allocates from its own arena (one of a fixed set, picked by a per-thread ticket),
+//! so threads do not contend. An arena carves superblocks it takes from the global arena, a
+//! [`PoolMemoryResource`] over the upstream, with the pool's coalescing, stream-tagged index.
+//! A superblock that empties goes back to the global arena (one spare is kept per arena, so a
+//! thread freeing and allocating its last block does not bounce). Requests above a quarter of a
+//! superblock go to the global arena directly.
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use super::pool::core::{allocate_from, PoolCore, GRAIN};
+use super::stream_order::default_order;
+use super::{
+    check_request, MemoryResource, PoolMemoryResource, PoolOptions, PoolStats, Properties,
+    StreamOrder,
+};
+use crate::error::{Error, Result};
+use crate::stream::StreamRef;
+
+const NAME: &str = "ArenaMemoryResource";
+
+/// How an arena resource is shaped.
+#[derive(Clone, Debug, Default)]
+pub struct ArenaOptions {
+    /// Superblock size (0: 4 MiB). Rounded up to 256 bytes.
+    pub superblock_size: usize,
+    /// Number of per-thread arenas (0: twice the available parallelism).
+    pub arenas: usize,
+    /// Options of the global arena (sizes, ordering).
+    pub global: PoolOptions,
+}
+
+/// A snapshot of an arena resource.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ArenaStats {
+    /// The global arena: superblocks handed to arenas and large blocks count as in use.
+    pub global: PoolStats,
+    /// Superblocks held by per-thread arenas.
+    pub superblocks: usize,
+    /// Bytes in live blocks, from arenas and the global arena's large blocks alike.
+    pub bytes_in_use: usize,
+}
+
+/// Per-thread arenas over any upstream `R`. Cheap to clone.
+pub struct ArenaMemoryResource<R: MemoryResource> {
+    inner: Arc<Inner<R>>,
+}
+
+impl<R: MemoryResource> Clone for ArenaMemoryResource<R> {
+    fn clone(&self) -> Self {
+        ArenaMemoryResource {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+#[repr(align(128))]
+struct Arena {
+    core: Mutex<ArenaCore>,
+}
+
+#[derive(Default)]
+struct ArenaCore {
+    index: PoolCore,
+    /// An empty superblock kept back from the global arena.
+    spare: Option<usize>,
+}
+
+struct Inner<R: MemoryResource> {
+    global: PoolMemoryResource<R>,
+    order: Arc<dyn StreamOrder>,
+    superblock: usize,
+    arenas: Box<[Arena]>,
+}
+
+/// A small number per thread, handed out in order, so concurrent threads land on distinct
+/// arenas. It is a process-wide ticket that no loom model exercises, so it is a plain std
+/// atomic (loom's cannot be statics).
+fn thread_ticket() -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static TICKET: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    TICKET.with(|t| *t)
+}
+
+fn lock(arena: &Arena) -> MutexGuard<'_, ArenaCore> {
+    // Core updates cannot panic midway, so a poisoned lock still guards a consistent core.
+    arena.core.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<R: MemoryResource> ArenaMemoryResource<R> {
+    /// Arenas over `upstream`.
+    pub fn new(upstream: R, options: ArenaOptions) -> Result<Self> {
+        let superblock = match options.superblock_size {
+            0 => 4 << 20,
+            n => super::align_up(n, GRAIN).ok_or(Error::SizeOverflow {
+                bytes: n,
+                align: GRAIN,
+            })?,
+        };
+        let arenas = match options.arenas {
+            0 => 2 * std::thread::available_parallelism().map_or(4, |n| n.get()),
+            n => n,
+        };
+        let mut global_opts = options.global;
+        let order = match &global_opts.order {
+            Some(o) => o.clone(),
+            None => default_order(&upstream)?,
+        };
+        global_opts.order = Some(order.clone());
+        Ok(ArenaMemoryResource {
+            inner: Arc::new(Inner {
+                global: PoolMemoryResource::new(upstream, global_opts)?,
+                order,
+                superblock,
+                arenas: (0..arenas)
+                    .map(|_| Arena {
+                        core: Mutex::new(ArenaCore::default()),
+                    })
+                    .collect(),
+            }),
+        })
+    }
+
+    /// The global arena.
+    pub fn global(&self) -> &PoolMemoryResource<R> {
+        &self.inner.global
+    }
+
+    fn is_large(&self, bytes: usize) -> bool {
+        bytes > self.inner.superblock / 4
+    }
+
+    fn my_arena(&self) -> usize {
+        thread_ticket() % self.inner.arenas.len()
+    }
+
+    /// Use now, and the global arena's state.
+    pub fn stats(&self) -> ArenaStats {
+        let mut superblocks = 0;
+        let mut small = 0;
+        for a in self.inner.arenas.iter() {
+            let c = lock(a);
+            superblocks += c.index.chunk_count();
+            small += c.index.in_use();
+        }
+        let global = self.inner.global.stats();
+        let large = global
+            .bytes_in_use
+            .saturating_sub(superblocks * self.inner.superblock);
+        ArenaStats {
+            global,
+            superblocks,
+            bytes_in_use: small + large,
+        }
+    }
+
+    /// Checks every arena's index and the global arena's.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        for (i, a) in self.inner.arenas.iter().enumerate() {
+            lock(a)
+                .index
+                .check_invariants()
+                .map_err(|e| format!("arena {i}: {e}"))?;
+        }
+        self.inner
+            .global
+            .check_invariants()
+            .map_err(|e| format!("global arena: {e}"))
+    }
+
+    /// Returns an empty superblock to the global arena.
+    fn give_back(&self, core: &mut ArenaCore, base: usize, stream: StreamRef) -> Result<()> {
+        if !core.index.remove_chunk(base) {
+            return Ok(());
+        }
+        let ptr = NonNull::new(base as *mut u8).expect("superblocks are non-null");
+        // SAFETY: the superblock came from the global arena with this size and alignment and
+        // has just left this arena's index; its last use was ordered on `stream`.
+        unsafe {
+            self.inner
+                .global
+                .deallocate(stream, ptr, self.inner.superblock, GRAIN)
+        }
+    }
+}
+
+// SAFETY: small blocks are carved by a `PoolCore` from superblocks the global pool handed out
+// (disjoint, live until given back, and given back only when empty); large blocks come from the
+// global pool itself. Frees reach the arena that owns the block.
+unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
+    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+        let align = check_request(bytes, align, GRAIN)?;
+        if self.is_large(bytes) || align > GRAIN {
+            return self.inner.global.allocate(stream, bytes, align);
+        }
+        let arena = &self.inner.arenas[self.my_arena()];
+        let mut core = lock(arena);
+        if let Some(p) = allocate_from(&mut core.index, &*self.inner.order, stream, bytes, align)? {
+            return Ok(p);
+        }
+        let sb = self.inner.superblock;
+        let base = self.inner.global.allocate(stream, sb, GRAIN)?;
+        core.index.add_chunk(base.as_ptr() as usize, sb, stream);
+        core.index
+            .take(stream, bytes, align)
+            .ok_or_else(|| Error::OutOfMemory {
+                bytes,
+                resource: NAME,
+                detail: "a fresh superblock did not fit the request".to_owned(),
+            })
+    }
+
+    unsafe fn deallocate(
+        &self,
+        stream: StreamRef,
+        ptr: NonNull<u8>,
+        bytes: usize,
+        align: usize,
+    ) -> Result<()> {
+        let align = check_request(bytes, align, GRAIN)?;
+        if self.is_large(bytes) || align > GRAIN {
+            // SAFETY: the caller's contract; large blocks came from the global arena.
+            return unsafe { self.inner.global.deallocate(stream, ptr, bytes, align) };
+        }
+        let addr = ptr.as_ptr() as usize;
+        let mine = self.my_arena();
+        let n = self.inner.arenas.len();
+        // Usually the allocating thread frees; otherwise search the other arenas.
+        let mut first_err = None;
+        for i in (0..n).map(|k| (mine + k) % n) {
+            let mut core = lock(&self.inner.arenas[i]);
+            if !core.index.owns(addr) && i != mine {
+                continue;
+            }
+            match core.index.free(NAME, stream, addr, bytes) {
+                Ok(Some(empty)) => {
+                    let spare_still_empty = core
+                        .spare
+                        .is_some_and(|s| s != empty.base && core.index.is_empty_chunk(s));
+                    if !spare_still_empty {
+                        core.spare = Some(empty.base);
+                        return Ok(());
+                    }
+                    return self.give_back(&mut core, empty.base, empty.stream);
+                }
+                Ok(None) => return Ok(()),
+                Err(e) if i == mine => first_err = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(first_err.unwrap_or(Error::UnknownPointer {
+            resource: NAME,
+            ptr: addr,
+        }))
+    }
+
+    fn properties(&self) -> Properties {
+        self.inner.global.properties()
+    }
+}
+
+impl<R: MemoryResource> Drop for Inner<R> {
+    fn drop(&mut self) {
+        for a in self.arenas.iter() {
+            let core = lock(a);
+            for (base, _) in core.index.chunks() {
+                if let Some(ptr) = NonNull::new(base as *mut u8) {
+                    // SAFETY: every superblock came from the global arena with this size; the
+                    // last handle is going away. Drop cannot report.
+                    let _ = unsafe {
+                        self.global
+                            .deallocate(StreamRef::DEFAULT, ptr, self.superblock, GRAIN)
+                    };
+                }
+            }
+        }
+    }
+}
+
+impl<R: MemoryResource> fmt::Debug for ArenaMemoryResource<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(NAME)
+            .field("superblock", &self.inner.superblock)
+            .field("arenas", &self.inner.arenas.len())
+            .field("global", &self.inner.global)
+            .finish()
+    }
+}

@@ -1,0 +1,140 @@
+//! [`BinningMemoryResource`]: requests rounded up to a bin, each bin its own resource (by default
+//! a [`FixedSizeMemoryResource`] over the shared upstream); larger requests go to the upstream.
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use super::{
+    check_request, FixedSizeMemoryResource, FixedSizeOptions, MemoryResource, Properties,
+    SharedResource, DEFAULT_ALIGNMENT,
+};
+use crate::error::{Error, Result};
+use crate::stream::StreamRef;
+
+const NAME: &str = "BinningMemoryResource";
+
+/// One bin: requests up to `size` bytes go to `resource`.
+#[derive(Clone, Debug)]
+pub struct Bin {
+    pub size: usize,
+    pub resource: SharedResource,
+}
+
+/// Size-class bins over an upstream `R`. Cheap to clone.
+pub struct BinningMemoryResource<R: MemoryResource> {
+    inner: Arc<Inner<R>>,
+}
+
+struct Inner<R> {
+    upstream: R,
+    /// Sorted by size, distinct sizes.
+    bins: Vec<Bin>,
+}
+
+impl<R: MemoryResource> Clone for BinningMemoryResource<R> {
+    fn clone(&self) -> Self {
+        BinningMemoryResource {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<R: MemoryResource + Clone + 'static> BinningMemoryResource<R> {
+    /// Power-of-two bins `2^min_exp ..= 2^max_exp`, each a fixed-size resource over `upstream`.
+    pub fn new(upstream: R, min_exp: u32, max_exp: u32) -> Result<Self> {
+        if min_exp > max_exp || max_exp >= usize::BITS - 2 {
+            return Err(Error::InvalidArgument(format!(
+                "{NAME}: bin exponents {min_exp}..={max_exp}"
+            )));
+        }
+        let mut bins = Vec::new();
+        for e in min_exp..=max_exp {
+            let size = 1usize << e;
+            let fixed =
+                FixedSizeMemoryResource::new(upstream.clone(), FixedSizeOptions::new(size))?;
+            bins.push(Bin {
+                size,
+                resource: Arc::new(fixed),
+            });
+        }
+        Self::with_bins(upstream, bins)
+    }
+}
+
+impl<R: MemoryResource> BinningMemoryResource<R> {
+    /// Custom bins, each with a resource of its own. Bin resources must accept any request up
+    /// to their size at 256-byte alignment.
+    pub fn with_bins(upstream: R, mut bins: Vec<Bin>) -> Result<Self> {
+        bins.sort_by_key(|b| b.size);
+        if bins.iter().any(|b| b.size == 0) || bins.windows(2).any(|w| w[0].size == w[1].size) {
+            return Err(Error::InvalidArgument(format!(
+                "{NAME}: bin sizes must be distinct and non-zero"
+            )));
+        }
+        Ok(BinningMemoryResource {
+            inner: Arc::new(Inner { upstream, bins }),
+        })
+    }
+
+    /// The bins, smallest first.
+    pub fn bins(&self) -> &[Bin] {
+        &self.inner.bins
+    }
+
+    /// The upstream that serves requests larger than every bin.
+    pub fn upstream(&self) -> &R {
+        &self.inner.upstream
+    }
+
+    /// Where a request goes: the same answer for its free, so frees need no lookup.
+    fn route(&self, bytes: usize, align: usize) -> &dyn MemoryResource {
+        if align <= DEFAULT_ALIGNMENT {
+            let i = self.inner.bins.partition_point(|b| b.size < bytes);
+            if let Some(bin) = self.inner.bins.get(i) {
+                return &*bin.resource;
+            }
+        }
+        &self.inner.upstream
+    }
+}
+
+// SAFETY: pure routing; every block comes from a bin or the upstream, each of which upholds the
+// contract, and is returned to the same one (routing depends only on size and alignment).
+unsafe impl<R: MemoryResource> MemoryResource for BinningMemoryResource<R> {
+    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+        let align = check_request(bytes, align, DEFAULT_ALIGNMENT)?;
+        self.route(bytes, align).allocate(stream, bytes, align)
+    }
+
+    unsafe fn deallocate(
+        &self,
+        stream: StreamRef,
+        ptr: NonNull<u8>,
+        bytes: usize,
+        align: usize,
+    ) -> Result<()> {
+        let align = check_request(bytes, align, DEFAULT_ALIGNMENT)?;
+        // SAFETY: the caller's contract; `route` picks the resource that allocated it.
+        unsafe {
+            self.route(bytes, align)
+                .deallocate(stream, ptr, bytes, align)
+        }
+    }
+
+    fn properties(&self) -> Properties {
+        self.inner.upstream.properties()
+    }
+}
+
+impl<R: MemoryResource> fmt::Debug for BinningMemoryResource<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(NAME)
+            .field(
+                "bins",
+                &self.inner.bins.iter().map(|b| b.size).collect::<Vec<_>>(),
+            )
+            .field("upstream", &self.inner.upstream)
+            .finish()
+    }
+}

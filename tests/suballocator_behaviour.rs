@@ -1,0 +1,316 @@
+//! Deterministic behaviour of the suballocators: stream handover, cross-stream merging before
+//! growth, growth policy, release, stats, and typed errors on bad input (state left intact).
+
+mod common;
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use carve::resource::{
+    ArenaOptions, FixedSizeOptions, OrderEvent, PoolOptions, RecordingOrder, StreamOrder,
+};
+use carve::{
+    ArenaMemoryResource, Error, FixedSizeMemoryResource, HostMemoryResource, MemoryResource,
+    PoolMemoryResource, StreamRef,
+};
+use common::{stream, ScriptedUpstream};
+
+const KIB: usize = 1024;
+const MIB: usize = 1 << 20;
+
+fn pool_with(
+    up: ScriptedUpstream,
+    opts: PoolOptions,
+) -> (PoolMemoryResource<ScriptedUpstream>, Arc<RecordingOrder>) {
+    let order = Arc::new(RecordingOrder::new());
+    let pool = PoolMemoryResource::new(up, opts.order(order.clone() as Arc<dyn StreamOrder>));
+    (pool.unwrap(), order)
+}
+
+fn free<M: MemoryResource + ?Sized>(mr: &M, s: StreamRef, p: NonNull<u8>, bytes: usize) {
+    // SAFETY: every caller passes a live block of `mr` allocated with `bytes`, freed once.
+    unsafe { mr.deallocate(s, p, bytes, 256) }.unwrap();
+}
+
+#[test]
+fn a_free_is_reused_on_its_stream_without_any_ordering() {
+    let (pool, order) = pool_with(ScriptedUpstream::new(), PoolOptions::new(MIB));
+    let (a, b) = (stream(0), stream(1));
+    let p = pool.allocate(a, 1000, 256).unwrap();
+    free(&pool, a, p, 1000);
+    let q = pool.allocate(a, 1000, 256).unwrap();
+    assert_eq!(p, q, "best fit on the same stream reuses the block");
+    free(&pool, a, q, 1000);
+    // Many frees, still no event: RMM records one per free.
+    let many: Vec<_> = (0..100)
+        .map(|_| pool.allocate(a, 512, 256).unwrap())
+        .collect();
+    for p in many {
+        free(&pool, a, p, 512);
+    }
+    // The initial chunk is tagged with the default stream: taking it is the only wait.
+    let waits: Vec<_> = order.events();
+    assert_eq!(
+        waits,
+        vec![OrderEvent::Wait {
+            waiter: a,
+            signaller: StreamRef::DEFAULT
+        }]
+    );
+    // Another stream takes a's free memory only after one wait.
+    let r = pool.allocate(b, 1000, 256).unwrap();
+    assert_eq!(
+        order.events().last(),
+        Some(&OrderEvent::Wait {
+            waiter: b,
+            signaller: a
+        })
+    );
+    free(&pool, b, r, 1000);
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn free_blocks_of_all_streams_merge_before_the_pool_grows() {
+    // RMM issue #2039: two halves freed on two streams must serve one whole-pool request.
+    let up = ScriptedUpstream::new();
+    let (pool, order) = pool_with(up.clone(), PoolOptions::new(128 * KIB).maximum(128 * KIB));
+    let (a, b, c) = (stream(0), stream(1), stream(2));
+    let x = pool.allocate(a, 64 * KIB, 256).unwrap();
+    let y = pool.allocate(a, 64 * KIB, 256).unwrap();
+    free(&pool, a, x, 64 * KIB);
+    free(&pool, b, y, 64 * KIB);
+    let stats = pool.stats();
+    assert_eq!(
+        stats.largest_free_block,
+        64 * KIB,
+        "streams keep their blocks apart"
+    );
+    assert!((stats.fragmentation - 0.5).abs() < 1e-9);
+    let whole = pool.allocate(c, 128 * KIB, 256).unwrap();
+    assert_eq!(up.requests(), vec![128 * KIB], "no growth");
+    let waits = order.events();
+    assert!(waits.contains(&OrderEvent::Wait {
+        waiter: c,
+        signaller: a
+    }));
+    assert!(waits.contains(&OrderEvent::Wait {
+        waiter: c,
+        signaller: b
+    }));
+    free(&pool, c, whole, 128 * KIB);
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn growth_takes_the_larger_of_request_and_pool_and_halves_on_failure() {
+    let up = ScriptedUpstream::new();
+    let (pool, _) = pool_with(up.clone(), PoolOptions::new(MIB));
+    let s = stream(0);
+    let a = pool.allocate(s, 3 * MIB, 256).unwrap();
+    let b = pool.allocate(s, 3 * MIB, 256).unwrap();
+    assert_eq!(up.requests(), vec![MIB, 3 * MIB, 4 * MIB]);
+    // The upstream now refuses more than 3 MiB: 8 MiB fails, 4 MiB fails, then 2 MiB fits.
+    up.limit
+        .store(3 * MIB, std::sync::atomic::Ordering::Relaxed);
+    let c = pool.allocate(s, 2 * MIB, 256).unwrap();
+    assert_eq!(&up.requests()[3..], &[8 * MIB, 4 * MIB, 2 * MIB]);
+    assert_eq!(pool.stats().pool_size, 10 * MIB);
+    for (p, n) in [(a, 3 * MIB), (b, 3 * MIB), (c, 2 * MIB)] {
+        free(&pool, s, p, n);
+    }
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn an_exhausted_upstream_or_maximum_gives_a_typed_oom_naming_the_state() {
+    let up = ScriptedUpstream::with_limit(MIB);
+    let (pool, _) = pool_with(up, PoolOptions::new(MIB).maximum(3 * MIB));
+    let s = stream(0);
+    let p = pool.allocate(s, 512 * KIB, 256).unwrap();
+    let err = pool.allocate(s, 2 * MIB, 256).unwrap_err();
+    match &err {
+        Error::OutOfMemory { bytes, detail, .. } => {
+            assert_eq!(*bytes, 2 * MIB);
+            assert!(detail.contains("upstream could not supply"), "{detail}");
+            assert!(
+                detail.contains(&format!("{}", MIB)),
+                "pool size in: {detail}"
+            );
+        }
+        e => panic!("expected OutOfMemory, got {e}"),
+    }
+    let err = pool.allocate(s, 4 * MIB, 256).unwrap_err();
+    assert!(matches!(&err, Error::OutOfMemory { detail, .. } if detail.contains("maximum")));
+    pool.check_invariants().unwrap();
+    assert_eq!(pool.stats().bytes_in_use, 512 * KIB);
+    free(&pool, s, p, 512 * KIB);
+}
+
+#[test]
+fn release_returns_empty_chunks_to_the_upstream() {
+    let up = ScriptedUpstream::new();
+    let (pool, _) = pool_with(up.clone(), PoolOptions::new(MIB));
+    let (a, b) = (stream(0), stream(1));
+    let keep = pool.allocate(a, 1000, 256).unwrap();
+    let big = pool.allocate(a, 4 * MIB, 256).unwrap();
+    let x = pool.allocate(b, 1000, 256).unwrap();
+    free(&pool, a, big, 4 * MIB);
+    free(&pool, b, x, 1000);
+    assert_eq!(up.host.allocation_count(), 2);
+    // The chunk holding `keep` stays; the 4 MiB one goes back.
+    assert_eq!(pool.release().unwrap(), 4 * MIB);
+    assert_eq!(up.host.allocation_count(), 1);
+    assert_eq!(pool.stats().pool_size, MIB);
+    free(&pool, a, keep, 1000);
+    assert_eq!(pool.release().unwrap(), MIB);
+    assert_eq!(up.host.allocation_count(), 0);
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn bad_input_gets_typed_errors_and_leaves_every_resource_intact() {
+    let host = HostMemoryResource::new();
+    let pool = PoolMemoryResource::new(host.clone(), PoolOptions::new(MIB)).unwrap();
+    let fixed = FixedSizeMemoryResource::new(host.clone(), FixedSizeOptions::new(4096)).unwrap();
+    let arena = ArenaMemoryResource::new(host.clone(), ArenaOptions::default()).unwrap();
+    type Check<'a> = &'a dyn Fn() -> Result<(), String>;
+    let resources: [(&dyn MemoryResource, Check<'_>); 3] = [
+        (&pool, &|| pool.check_invariants()),
+        (&fixed, &|| fixed.check_invariants()),
+        (&arena, &|| arena.check_invariants()),
+    ];
+    let s = stream(0);
+    for (mr, check) in resources {
+        assert!(matches!(mr.allocate(s, 0, 256), Err(Error::ZeroSize)));
+        assert!(matches!(
+            mr.allocate(s, 64, 3),
+            Err(Error::InvalidAlignment(3))
+        ));
+        assert!(matches!(
+            mr.allocate(s, usize::MAX, 256),
+            Err(Error::SizeOverflow { .. })
+        ));
+        let p = mr.allocate(s, 100, 256).unwrap();
+        let mut local = [0u8; 512];
+        let foreign = NonNull::new(local.as_mut_ptr()).unwrap();
+        // SAFETY: an invalid free on purpose; the resource must refuse it untouched.
+        let e = unsafe { mr.deallocate(s, foreign, 100, 256) }.unwrap_err();
+        assert!(matches!(e, Error::UnknownPointer { .. }), "{mr:?}: {e}");
+        // SAFETY: an interior pointer of a live block.
+        let inner = unsafe { NonNull::new_unchecked(p.as_ptr().add(16)) };
+        // SAFETY: refused before any use (interior pointer).
+        let e = unsafe { mr.deallocate(s, inner, 100, 256) }.unwrap_err();
+        assert!(matches!(e, Error::UnknownPointer { .. }), "{mr:?}: {e}");
+        check().unwrap();
+        // SAFETY: the one valid free of `p`; the second is refused as a double free.
+        unsafe { mr.deallocate(s, p, 100, 256) }.unwrap();
+        // SAFETY: see above.
+        let e = unsafe { mr.deallocate(s, p, 100, 256) }.unwrap_err();
+        assert!(matches!(e, Error::DoubleFree { .. }), "{mr:?}: {e}");
+        check().unwrap();
+        // Still fully usable.
+        let q = mr.allocate(s, 100, 256).unwrap();
+        free(mr, s, q, 100);
+        check().unwrap();
+    }
+    let e = pool.allocate(s, 10, 256).unwrap();
+    // SAFETY: a wrong size on purpose; refused before any state changes.
+    let mismatch = unsafe { pool.deallocate(s, e, 11, 256) }.unwrap_err();
+    assert!(matches!(
+        mismatch,
+        Error::SizeMismatch {
+            allocated: 10,
+            freed: 11,
+            ..
+        }
+    ));
+    free(&pool, s, e, 10);
+    assert_eq!(pool.stats().bytes_in_use, 0);
+    assert_eq!(fixed.stats().blocks_in_use, 0);
+    assert_eq!(arena.stats().bytes_in_use, 0);
+}
+
+#[test]
+fn fixed_size_refuses_what_it_cannot_serve_and_hands_streams_over_once() {
+    let order = Arc::new(RecordingOrder::new());
+    let opts = FixedSizeOptions::new(1000)
+        .blocks_per_refill(4)
+        .max_refills(2)
+        .order(order.clone());
+    let mr = FixedSizeMemoryResource::new(HostMemoryResource::new(), opts).unwrap();
+    let (a, b) = (stream(0), stream(1));
+    assert!(matches!(
+        mr.allocate(a, 1001, 256),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        mr.allocate(a, 10, 512),
+        Err(Error::Unsupported(_))
+    ));
+    let blocks: Vec<_> = (0..8).map(|_| mr.allocate(a, 1000, 256).unwrap()).collect();
+    let oom = mr.allocate(a, 1000, 256).unwrap_err();
+    assert!(matches!(&oom, Error::OutOfMemory { detail, .. } if detail.contains("refills")));
+    for &p in &blocks {
+        free(&mr, a, p, 1000);
+    }
+    assert!(order.events().is_empty(), "frees record nothing");
+    // b takes all of a's blocks with one wait, then serves 8 requests without another.
+    let again: Vec<_> = (0..8).map(|_| mr.allocate(b, 1000, 256).unwrap()).collect();
+    assert_eq!(
+        order.events(),
+        vec![OrderEvent::Wait {
+            waiter: b,
+            signaller: a
+        }]
+    );
+    mr.check_invariants().unwrap();
+    for p in again {
+        free(&mr, b, p, 1000);
+    }
+    assert_eq!(mr.stats().slabs, 2);
+    mr.check_invariants().unwrap();
+}
+
+#[test]
+fn arena_returns_empty_superblocks_and_routes_large_requests_globally() {
+    let host = HostMemoryResource::new();
+    let opts = ArenaOptions {
+        superblock_size: MIB,
+        arenas: 1,
+        ..Default::default()
+    };
+    let mr = ArenaMemoryResource::new(host.clone(), opts).unwrap();
+    let s = stream(0);
+    // Fill three superblocks with 200 KiB blocks (5 per superblock).
+    let small: Vec<_> = (0..15)
+        .map(|_| mr.allocate(s, 200 * KIB, 256).unwrap())
+        .collect();
+    assert_eq!(mr.stats().superblocks, 3);
+    let large = mr.allocate(s, 600 * KIB, 256).unwrap();
+    assert_eq!(
+        mr.stats().superblocks,
+        3,
+        "large requests bypass the arenas"
+    );
+    assert_eq!(mr.stats().bytes_in_use, 15 * 200 * KIB + 600 * KIB);
+    for p in small {
+        free(&mr, s, p, 200 * KIB);
+    }
+    assert_eq!(
+        mr.stats().superblocks,
+        1,
+        "one spare is kept, the rest go back"
+    );
+    free(&mr, s, large, 600 * KIB);
+    assert_eq!(mr.stats().bytes_in_use, 0);
+    mr.check_invariants().unwrap();
+    // A block freed by another thread goes back to the arena that carved it.
+    let p = mr.allocate(s, 1000, 256).unwrap().as_ptr() as usize;
+    let mr2 = mr.clone();
+    std::thread::spawn(move || free(&mr2, s, NonNull::new(p as *mut u8).unwrap(), 1000))
+        .join()
+        .unwrap();
+    assert_eq!(mr.stats().bytes_in_use, 0);
+    mr.check_invariants().unwrap();
+}
