@@ -319,20 +319,41 @@ fn malformed_logs_give_the_line() {
 }
 
 #[test]
-fn suballocator_kinds_say_they_are_not_built_yet() {
-    for kind in [
-        ResourceKind::Pool,
-        ResourceKind::Binning,
-        ResourceKind::Arena,
-        ResourceKind::Fixed,
-    ] {
-        let mut opts = ResourceOptions::new(kind);
-        opts.simulate_capacity = Some(GIB);
-        match build_target(&opts, &[0]) {
-            Err(Error::Unsupported(why)) => assert!(why.contains("not built yet"), "{why}"),
-            other => panic!("{kind}: {other:?}"),
-        }
+fn suballocators_replay_over_simulated_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = GIB as u64;
+    let log = write_log(
+        dir.path(),
+        "three.csv",
+        &[
+            row(1, "allocate", g, GIB, "0"),
+            row(1, "allocate", 2 * g, GIB, "0"),
+            row(1, "allocate", 3 * g, GIB, "0"),
+            row(1, "free", 2 * g, GIB, "0"),
+            row(1, "allocate", 4 * g, GIB / 2, "0"),
+        ],
+    );
+    for kind in [ResourceKind::Pool, ResourceKind::Arena, ResourceKind::Binning] {
+        let mut a = args(&log, kind);
+        a.simulate_capacity = Some(2 * GIB);
+        let report = replay_file(&a).unwrap();
+        assert_eq!(report.failed_allocations, 1, "{kind}: {report}");
+        assert_eq!(report.first_failure.as_ref().unwrap().line, 4, "{kind}: {report}");
+
+        a.simulate_capacity = Some(8 * GIB);
+        let report = replay_file(&a).unwrap();
+        assert!(report.succeeded(), "{kind}: {report}");
+        assert_eq!(report.peak_bytes, 3 * GIB, "{kind}");
     }
+    let mut a = args(&log, ResourceKind::Fixed);
+    a.block_size = Some(GIB);
+    a.simulate_capacity = Some(64 * GIB);
+    let report = replay_file(&a).unwrap();
+    assert!(report.succeeded(), "fixed: {report}");
+    assert_eq!(report.peak_bytes, 3 * GIB);
+    // A fixed-size resource refuses requests above its block size, and the report says so.
+    a.block_size = Some(GIB / 4);
+    assert_eq!(replay_file(&a).unwrap().failed_allocations, 4);
 }
 
 #[test]

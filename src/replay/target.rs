@@ -7,7 +7,9 @@ use super::async_resource::DefaultPoolResource;
 use crate::driver::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::resource::{
-    CudaMemoryResource, HostMemoryResource, SharedResource, SimulatedMemoryResource,
+    ArenaMemoryResource, ArenaOptions, BinningMemoryResource, CudaMemoryResource,
+    FixedSizeMemoryResource, FixedSizeOptions, HostMemoryResource, PoolMemoryResource, PoolOptions,
+    SharedResource, SimulatedMemoryResource,
 };
 use crate::stream::StreamRef;
 
@@ -93,7 +95,7 @@ pub struct Target {
     /// By plan stream index.
     pub streams: Vec<StreamRef>,
     /// Fragmentation now (`1 - largest free / free`), when the resource can tell.
-    pub fragmentation: Option<Box<dyn Fn() -> f64 + Send + Sync>>,
+    pub fragmentation: Option<Probe>,
     /// Keeps real streams alive while their `StreamRef`s are in use.
     _owned_streams: Vec<Stream>,
     /// The device to synchronise at the end, for GPU resources.
@@ -130,12 +132,14 @@ pub fn build_target(opts: &ResourceOptions, logged_streams: &[u64]) -> Result<Ta
     if let Some(capacity) = opts.simulate_capacity {
         let sim = SimulatedMemoryResource::new(capacity)?;
         let probe = sim.clone();
-        let resource: SharedResource = if opts.kind.is_suballocator() {
+        let (resource, own_probe): (SharedResource, _) = if opts.kind.is_suballocator() {
             suballocator(opts, Arc::new(sim))?
         } else {
             // A plain resource over simulated memory is the simulated best-fit allocator itself.
-            Arc::new(sim)
+            (Arc::new(sim), None)
         };
+        let fragmentation: Probe =
+            own_probe.unwrap_or_else(|| Box::new(move || probe.usage().fragmentation()));
         return Ok(Target {
             resource,
             name: format!(
@@ -144,7 +148,7 @@ pub fn build_target(opts: &ResourceOptions, logged_streams: &[u64]) -> Result<Ta
                 capacity as f64 / (1u64 << 30) as f64
             ),
             streams: simulated_streams(logged_streams),
-            fragmentation: Some(Box::new(move || probe.usage().fragmentation())),
+            fragmentation: Some(fragmentation),
             _owned_streams: Vec::new(),
             device: None,
         });
@@ -160,10 +164,9 @@ pub fn build_target(opts: &ResourceOptions, logged_streams: &[u64]) -> Result<Ta
         });
     }
     let device = Device::get(opts.device)?;
-    let resource: SharedResource = match opts.kind {
-        ResourceKind::Cuda => Arc::new(CudaMemoryResource::new(&device)),
-        ResourceKind::Async => Arc::new(DefaultPoolResource::new(&device)),
-        ResourceKind::Host => unreachable!("handled above"),
+    let (resource, fragmentation): (SharedResource, _) = match opts.kind {
+        ResourceKind::Cuda => (Arc::new(CudaMemoryResource::new(&device)), None),
+        ResourceKind::Async => (Arc::new(DefaultPoolResource::new(&device)), None),
         _ => suballocator(opts, Arc::new(CudaMemoryResource::new(&device)))?,
     };
     let mut owned = Vec::new();
@@ -186,7 +189,7 @@ pub fn build_target(opts: &ResourceOptions, logged_streams: &[u64]) -> Result<Ta
         resource,
         name: format!("{} on device {}", opts.kind, opts.device),
         streams,
-        fragmentation: None,
+        fragmentation,
         _owned_streams: owned,
         device: Some(device),
     })
@@ -206,16 +209,61 @@ fn simulated_streams(logged: &[u64]) -> Vec<StreamRef> {
         .collect()
 }
 
-/// The suballocator `opts.kind` over `upstream`.
+/// The suballocator `opts.kind` over `upstream`, sized from `opts`.
 ///
-/// MERGE POINT: the suballocators (pool, binning, arena, fixed) are built on another branch.
-/// When they land, construct them here from `opts.initial_size`, `opts.maximum_size` and
-/// `opts.block_size`, and set `Target::fragmentation` from their own statistics where they have
-/// them.
-fn suballocator(opts: &ResourceOptions, upstream: SharedResource) -> Result<SharedResource> {
-    let _ = upstream;
-    Err(Error::Unsupported(format!(
-        "--resource {}: the {} suballocator is not built yet",
-        opts.kind, opts.kind
-    )))
+/// Defaults when sizes are not given: the pool and arena start empty and grow without bound; the
+/// fixed-size resource uses 1 MiB blocks; binning uses power-of-two bins from 256 B up to
+/// `block_size` (4 MiB), larger requests going straight to the upstream.
+///
+/// Returns the resource and, for the pool, a probe of its fragmentation for the report.
+fn suballocator(
+    opts: &ResourceOptions,
+    upstream: SharedResource,
+) -> Result<(SharedResource, Option<Probe>)> {
+    let mut pool = PoolOptions::new(opts.initial_size.unwrap_or(0));
+    pool.maximum_size = opts.maximum_size;
+    let resource: SharedResource = match opts.kind {
+        ResourceKind::Pool => {
+            let pool = PoolMemoryResource::new(upstream, pool)?;
+            let probe = pool.clone();
+            return Ok((
+                Arc::new(pool),
+                Some(Box::new(move || probe.stats().fragmentation)),
+            ));
+        }
+        ResourceKind::Arena => Arc::new(ArenaMemoryResource::new(
+            upstream,
+            ArenaOptions {
+                global: pool,
+                ..ArenaOptions::default()
+            },
+        )?),
+        ResourceKind::Fixed => Arc::new(FixedSizeMemoryResource::new(
+            upstream,
+            FixedSizeOptions::new(opts.block_size.unwrap_or(1 << 20)),
+        )?),
+        ResourceKind::Binning => {
+            let largest = opts.block_size.unwrap_or(4 << 20);
+            if !largest.is_power_of_two() || largest < 256 {
+                return Err(Error::InvalidArgument(format!(
+                    "--block-size {largest}: binning needs a power of two of at least 256"
+                )));
+            }
+            Arc::new(BinningMemoryResource::new(
+                upstream,
+                8,
+                largest.trailing_zeros(),
+            )?)
+        }
+        ResourceKind::Cuda | ResourceKind::Async | ResourceKind::Host => {
+            return Err(Error::InvalidArgument(format!(
+                "{} is not a suballocator",
+                opts.kind
+            )))
+        }
+    };
+    Ok((resource, None))
 }
+
+/// Reads a fragmentation ratio (0: none) for the report.
+type Probe = Box<dyn Fn() -> f64 + Send + Sync>;
