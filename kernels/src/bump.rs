@@ -67,8 +67,7 @@ impl<'a> Bump<'a> {
             if bytes > self.h.capacity || cur > self.h.capacity - bytes {
                 return None;
             }
-            match off.compare_exchange_weak(cur, cur + bytes, Ordering::Relaxed, Ordering::Relaxed)
-            {
+            match off.compare_exchange(cur, cur + bytes, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => return Some(cur),
                 Err(now) => cur = now,
             }
@@ -118,7 +117,13 @@ impl<'a> Bump<'a> {
     /// Allocates `bytes` aligned to `align` for each calling lane; null when exhausted, for a
     /// zero size, or an alignment that is not a power of two (or exceeds a quarter chunk).
     #[inline(always)]
-    pub fn alloc<W: Warp>(&self, warp: &W, bytes: u64, align: u64, count_failures: bool) -> *mut u8 {
+    pub fn alloc<W: Warp>(
+        &self,
+        warp: &W,
+        bytes: u64,
+        align: u64,
+        count_failures: bool,
+    ) -> *mut u8 {
         let align = align.max(GRANULE);
         let ok = bytes != 0
             && align.is_power_of_two()

@@ -64,7 +64,11 @@ pub unsafe extern "C" fn carve_slab_free(heap: *const HeapHandle, ptr: *mut u8) 
 /// # Safety
 /// As for [`carve_slab_alloc`], with a bump arena.
 #[no_mangle]
-pub unsafe extern "C" fn carve_bump_alloc(heap: *const HeapHandle, bytes: u64, align: u64) -> *mut u8 {
+pub unsafe extern "C" fn carve_bump_alloc(
+    heap: *const HeapHandle,
+    bytes: u64,
+    align: u64,
+) -> *mut u8 {
     // SAFETY: forwarded contract.
     match unsafe { handle(heap, KIND_BUMP) } {
         // SAFETY: a formatted bump chain.
@@ -84,7 +88,11 @@ fn tid(n: u64) -> Option<usize> {
 /// # Safety
 /// `heap` as for [`carve_slab_alloc`]; `out` holds `n` `u64`s.
 #[no_mangle]
-pub unsafe extern "ptx-kernel" fn carve_heap_slab_alloc(heap: *const HeapHandle, out: *mut u64, n: u64) {
+pub unsafe extern "ptx-kernel" fn carve_heap_slab_alloc(
+    heap: *const HeapHandle,
+    out: *mut u64,
+    n: u64,
+) {
     if let Some(i) = tid(n) {
         // SAFETY: forwarded contract; i < n.
         unsafe { out.add(i).write(carve_slab_alloc(heap) as u64) };
@@ -96,7 +104,11 @@ pub unsafe extern "ptx-kernel" fn carve_heap_slab_alloc(heap: *const HeapHandle,
 /// # Safety
 /// As for [`carve_slab_free`]; `ptrs` holds `n` `u64`s.
 #[no_mangle]
-pub unsafe extern "ptx-kernel" fn carve_heap_slab_free(heap: *const HeapHandle, ptrs: *const u64, n: u64) {
+pub unsafe extern "ptx-kernel" fn carve_heap_slab_free(
+    heap: *const HeapHandle,
+    ptrs: *const u64,
+    n: u64,
+) {
     if let Some(i) = tid(n) {
         // SAFETY: forwarded contract; i < n.
         unsafe { carve_slab_free(heap, ptrs.add(i).read() as *mut u8) };
@@ -117,7 +129,10 @@ pub unsafe extern "ptx-kernel" fn carve_heap_bump_alloc(
 ) {
     if let Some(i) = tid(n) {
         // SAFETY: forwarded contract; i < n.
-        unsafe { out.add(i).write(carve_bump_alloc(heap, bytes, align) as u64) };
+        unsafe {
+            out.add(i)
+                .write(carve_bump_alloc(heap, bytes, align) as u64)
+        };
     }
 }
 
@@ -189,7 +204,12 @@ pub unsafe extern "ptx-kernel" fn carve_heap_pattern_fill(ptrs: *const u64, n: u
 /// # Safety
 /// As for [`carve_heap_pattern_fill`], readable; `bad` is one `u32`.
 #[no_mangle]
-pub unsafe extern "ptx-kernel" fn carve_heap_pattern_check(ptrs: *const u64, n: u64, bytes: u64, bad: *mut u32) {
+pub unsafe extern "ptx-kernel" fn carve_heap_pattern_check(
+    ptrs: *const u64,
+    n: u64,
+    bytes: u64,
+    bad: *mut u32,
+) {
     if let Some(i) = tid(n) {
         // SAFETY: i < n.
         let p = unsafe { ptrs.add(i).read() } as *const u32;
@@ -256,7 +276,12 @@ pub extern "ptx-kernel" fn carve_bench_empty() {}
 /// # Safety
 /// `counter` and `sink` are writable `u64`s.
 #[no_mangle]
-pub unsafe extern "ptx-kernel" fn carve_bench_atomic_add(counter: *mut u64, n: u64, bytes: u64, sink: *mut u64) {
+pub unsafe extern "ptx-kernel" fn carve_bench_atomic_add(
+    counter: *mut u64,
+    n: u64,
+    bytes: u64,
+    sink: *mut u64,
+) {
     if tid(n).is_some() {
         // SAFETY: counter is a u64 in device memory.
         let v = unsafe { &*(counter as *const AtomicU64) }.fetch_add(bytes, Ordering::Relaxed);

@@ -150,7 +150,13 @@ mod tests {
 
     #[test]
     fn nth_set_bit_matches_a_scan() {
-        let xs = [0u64, 1, 0x8000_0000_0000_0000, u64::MAX, 0xF0F0_1234_5678_0001];
+        let xs = [
+            0u64,
+            1,
+            0x8000_0000_0000_0000,
+            u64::MAX,
+            0xF0F0_1234_5678_0001,
+        ];
         for &x in &xs {
             let set: std::vec::Vec<u32> = (0..64).filter(|b| x >> b & 1 == 1).collect();
             for n in 0..66 {
