@@ -29,6 +29,7 @@ pub mod buffer;
 pub mod current;
 pub mod driver;
 pub mod error;
+pub mod heap;
 pub mod resource;
 pub mod stream;
 #[allow(dead_code)]
@@ -39,6 +40,7 @@ pub mod testing;
 pub use buffer::{DeviceBuffer, DeviceVec};
 pub use driver::{Device, Event, Stream};
 pub use error::{Error, Result};
+pub use heap::{DeviceHeap, HeapStats};
 pub use resource::{
     CudaMemoryResource, HostMemoryResource, MemoryResource, Properties, SharedResource,
 };
