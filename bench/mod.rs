@@ -3,6 +3,7 @@
 //! BENCHMARKS.md. Timings are ratios against peers measured in the same run.
 
 pub mod alloc_free;
+pub mod device_alloc;
 pub mod table;
 
 use clap::{Args, ValueEnum};
@@ -23,11 +24,13 @@ pub struct BenchArgs {
 pub enum Workload {
     /// Allocate and free one size in a loop, through each plain resource.
     AllocFree,
+    /// In-kernel allocation: carve's slab and bump against CUDA malloc and atomicAdd.
+    DeviceAlloc,
 }
 
 /// Runs the chosen workloads, printing each table as it completes.
 pub fn run(args: &BenchArgs) -> carve::Result<()> {
-    let all = [Workload::AllocFree];
+    let all = [Workload::AllocFree, Workload::DeviceAlloc];
     let chosen = if args.workloads.is_empty() {
         &all[..]
     } else {
@@ -36,6 +39,7 @@ pub fn run(args: &BenchArgs) -> carve::Result<()> {
     for w in chosen {
         match w {
             Workload::AllocFree => alloc_free::run(args.quick)?.print(),
+            Workload::DeviceAlloc => device_alloc::run(args.quick)?.print(),
         }
     }
     Ok(())

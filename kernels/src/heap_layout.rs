@@ -110,7 +110,7 @@ const_assert_eq!(core::mem::offset_of!(HeapHandle, shard_words_log2), 72);
 const_assert_eq!(core::mem::offset_of!(HeapHandle, block_shift), 76);
 const_assert_eq!(core::mem::offset_of!(HeapHandle, flags), 80);
 const_assert_eq!(core::mem::offset_of!(HeapHandle, next), 88);
-const_assert!(COUNTERS_BYTES % 8 == 0);
+const_assert!(COUNTERS_BYTES.is_multiple_of(8));
 
 /// Where each array of a heap lives, as byte offsets from the region's start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -249,8 +249,8 @@ mod tests {
         let g = slab_geometry(1000).unwrap();
         let l = slab_layout(g, 1000, 48, 16).unwrap();
         assert!(l.counters >= HANDLE_BYTES && l.shard_used >= l.counters + COUNTERS_BYTES);
-        assert!(l.words >= l.stats_end && l.words % 8 == 0);
-        assert!(l.data >= l.meta_end && l.data % 256 == 0);
+        assert!(l.words >= l.stats_end && l.words.is_multiple_of(8));
+        assert!(l.data >= l.meta_end && l.data.is_multiple_of(256));
         assert_eq!(l.total, l.data + 48_000);
         assert!(slab_layout(g, u64::MAX / 2, 4096, 4096).is_none());
     }

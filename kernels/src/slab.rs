@@ -308,7 +308,7 @@ impl<'a> Slab<'a> {
             }
             off >> self.h.block_shift
         } else {
-            if off % self.h.block_size != 0 {
+            if !off.is_multiple_of(self.h.block_size) {
                 return None;
             }
             off / self.h.block_size

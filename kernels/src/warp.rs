@@ -49,7 +49,7 @@ pub trait Warp {
             // Every lane shuffles (the instruction needs all of `mask`); only ranks that are
             // multiples of 2d with a partner keep what they read.
             let partner = rank + d;
-            let src = if rank % (2 * d) == 0 && partner < n {
+            let src = if rank.is_multiple_of(2 * d) && partner < n {
                 nth_set_bit(mask as u64, partner)
             } else {
                 self.lane()

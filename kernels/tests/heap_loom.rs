@@ -18,12 +18,14 @@ use support::HostHeap;
 fn slab_alloc_races_free() {
     loom::model(|| {
         let heap = Arc::new(HostHeap::slab(2, 16, Some(0), FLAG_CHECKED_FREES));
+        // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
         let slab = unsafe { Slab::new(&heap.handle) };
         let w = SoloLane::default();
         let a = slab.alloc(&w, 0, true) as u64;
         assert_ne!(a, 0);
         let h2 = heap.clone();
         let t = thread::spawn(move || {
+            // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
             let slab = unsafe { Slab::new(&h2.handle) };
             slab.free_index(&SoloLane { slot: 1 }, slab.index_of(a as *mut u8).unwrap());
         });
@@ -49,9 +51,11 @@ fn slab_alloc_races_free() {
 fn slab_reserve_is_exact() {
     loom::model(|| {
         let heap = Arc::new(HostHeap::slab(3, 16, Some(0), 0));
+        // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
         let slab = unsafe { Slab::new(&heap.handle) };
         assert_eq!(slab.reserve(0, 2), 2);
         let h2 = heap.clone();
+        // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
         let t = thread::spawn(move || unsafe { Slab::new(&h2.handle) }.reserve(0, 2));
         let mine = slab.reserve(0, 1);
         let theirs = t.join().unwrap();
@@ -70,9 +74,11 @@ fn bump_slot_reservation() {
     loom::model(|| {
         // Two 32-byte chunks. The slot's first chunk is opened before the race.
         let heap = Arc::new(HostHeap::bump(64, 1, 5));
+        // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
         let b = unsafe { Bump::new(&heap.handle) };
         assert_eq!(b.reserve_in_slot(0, 16), Some(0));
         let h2 = heap.clone();
+        // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
         let t = thread::spawn(move || unsafe { Bump::new(&h2.handle) }.reserve_in_slot(0, 16));
         let mine = b.reserve_in_slot(0, 16).expect("room");
         let theirs = t.join().unwrap().expect("room");
@@ -95,7 +101,9 @@ fn bump_global_reservation_never_overshoots() {
     loom::model(|| {
         let heap = Arc::new(HostHeap::bump(48, 0, 0));
         let h2 = heap.clone();
+        // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
         let t = thread::spawn(move || unsafe { Bump::new(&h2.handle) }.reserve_global(32));
+        // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
         let mine = unsafe { Bump::new(&heap.handle) }.reserve_global(32);
         let theirs = t.join().unwrap();
         assert!(

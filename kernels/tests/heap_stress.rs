@@ -37,6 +37,7 @@ fn fill(p: *mut u8, bytes: u64, tag: u32) {
 fn intact(p: *mut u8, bytes: u64, tag: u32) -> bool {
     // SAFETY: as for `fill`.
     (0..bytes / 4)
+        // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
         .all(|k| unsafe { (p as *const u32).add(k as usize).read_volatile() } == tag ^ k as u32)
 }
 
@@ -52,13 +53,14 @@ fn slab_16_threads_never_share_a_block_and_reuse_every_free() {
             let (heap, owner, barrier) = (&heap, &owner, &barrier);
             s.spawn(move || {
                 let warp = SoloLane { slot: t };
+                // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
                 let slab = unsafe { Slab::new(&heap.handle) };
-                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1) * 0x1234_5678;
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ ((t as u64 + 1) * 0x1234_5678);
                 let mut held: Vec<(*mut u8, u32)> = Vec::new();
                 barrier.wait();
                 for i in 0..20_000u32 {
                     let tag = (t << 24) | i;
-                    if held.len() < 400 && xorshift(&mut rng) % 3 != 0 {
+                    if held.len() < 400 && !xorshift(&mut rng).is_multiple_of(3) {
                         let hint = xorshift(&mut rng) % cap;
                         let p = slab.alloc(&warp, hint, true);
                         if p.is_null() {
@@ -84,6 +86,7 @@ fn slab_16_threads_never_share_a_block_and_reuse_every_free() {
                 for (p, tag) in held {
                     assert!(intact(p, bs, tag));
                     owner[slab.index_of(p).unwrap() as usize].store(0, Ordering::Relaxed);
+                    // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
                     unsafe { slab::chain_free(&heap.handle, &warp, p) };
                 }
             });
@@ -108,6 +111,7 @@ fn slab_exhaustion_serves_exactly_capacity_then_recovers() {
                 s.spawn(move || {
                     let warp = SoloLane { slot: t };
                     let mine: Vec<u64> = (0..per_thread)
+                        // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
                         .map(|i| unsafe {
                             slab::chain_alloc(&heap.handle, &warp, (t as u64 * 997 + i) % cap)
                         } as u64)
@@ -135,6 +139,7 @@ fn slab_exhaustion_serves_exactly_capacity_then_recovers() {
     assert_eq!(ok.len() as u64, cap, "no block twice");
     assert_eq!(heap.counter(COUNTER_FAILED_ALLOCS), all.len() as u64 - cap);
     assert_eq!(heap.in_use(), cap);
+    // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
     let slab = unsafe { Slab::new(&heap.handle) };
     for &p in &ok {
         slab.free_index(&SoloLane::default(), slab.index_of(p as *mut u8).unwrap());
@@ -149,13 +154,19 @@ fn slab_exhaustion_serves_exactly_capacity_then_recovers() {
 fn slab_counts_double_and_foreign_frees_without_corruption() {
     let heap = HostHeap::slab(128, 32, None, FLAG_CHECKED_FREES);
     let w = SoloLane::default();
+    // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
     let p = unsafe { slab::chain_alloc(&heap.handle, &w, 0) };
+    // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
     let q = unsafe { slab::chain_alloc(&heap.handle, &w, 0) };
     assert!(!p.is_null() && !q.is_null() && p != q);
+    // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
     unsafe { slab::chain_free(&heap.handle, &w, p) };
+    // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
     unsafe { slab::chain_free(&heap.handle, &w, p) }; // double
+                                                      // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
     unsafe { slab::chain_free(&heap.handle, &w, q.wrapping_add(8)) }; // misaligned
     let mut outside = 0u64;
+    // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
     unsafe { slab::chain_free(&heap.handle, &w, &mut outside as *mut u64 as *mut u8) };
     assert_eq!(heap.counter(COUNTER_DOUBLE_FREES), 1);
     assert_eq!(heap.counter(COUNTER_FOREIGN_FREES), 2);
@@ -163,6 +174,7 @@ fn slab_counts_double_and_foreign_frees_without_corruption() {
     assert_eq!(heap.bits_set(), 1);
     // Every block but q is still available.
     let rest: Vec<_> = (0..200)
+        // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
         .map(|i| unsafe { slab::chain_alloc(&heap.handle, &w, i) })
         .collect();
     assert_eq!(rest.iter().filter(|p| !p.is_null()).count(), 127);
@@ -176,6 +188,7 @@ fn slab_chain_moves_on_to_the_next_segment() {
     head.next = &*b.handle as *const HeapHandle as u64;
     let w = SoloLane::default();
     let ps: Vec<_> = (0..130)
+        // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
         .map(|i| unsafe { slab::chain_alloc(&head, &w, i) })
         .collect();
     assert_eq!(ps.iter().filter(|p| !p.is_null()).count(), 128);
@@ -186,6 +199,7 @@ fn slab_chain_moves_on_to_the_next_segment() {
         "failures counted at the last segment"
     );
     for p in ps.into_iter().filter(|p| !p.is_null()) {
+        // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
         unsafe { slab::chain_free(&head, &w, p) };
     }
     assert_eq!((a.in_use(), b.in_use()), (0, 0));
@@ -206,6 +220,7 @@ fn bump_16_threads_hand_out_disjoint_aligned_ranges() {
                 loop {
                     let bytes = 1 + xorshift(&mut rng) % 600;
                     let align = 1u64 << (xorshift(&mut rng) % 9);
+                    // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
                     let p = unsafe { bump::chain_alloc(&heap.handle, &warp, bytes, align) } as u64;
                     if p == 0 {
                         break;
@@ -239,6 +254,7 @@ fn bump_without_chunks_fills_exactly() {
             let (heap, got) = (&heap, &got);
             s.spawn(move || {
                 let w = SoloLane { slot: t };
+                // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
                 while !unsafe { bump::chain_alloc(&heap.handle, &w, 16, 16) }.is_null() {
                     got.fetch_add(1, Ordering::Relaxed);
                 }
@@ -247,13 +263,16 @@ fn bump_without_chunks_fills_exactly() {
     });
     assert_eq!(got.into_inner(), 1000);
     assert_eq!(heap.bump_offset(), 16 * 1000);
+    // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
     assert!(unsafe { bump::chain_alloc(&heap.handle, &SoloLane::default(), 0, 16) }.is_null());
+    // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
     assert!(unsafe { bump::chain_alloc(&heap.handle, &SoloLane::default(), 16, 3) }.is_null());
 }
 
 #[test]
 fn bump_slot_sequence() {
     let heap = HostHeap::bump(96, 1, 5);
+    // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
     let b = unsafe { carve_kernels::bump::Bump::new(&heap.handle) };
     let got: Vec<_> = (0..4).map(|_| b.reserve_in_slot(0, 16)).collect();
     assert_eq!(got, vec![Some(0), Some(16), Some(32), Some(48)]);

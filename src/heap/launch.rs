@@ -33,6 +33,7 @@ macro_rules! launcher {
         /// # Safety
         /// The pointers must be what the kernel's documentation in `heap_entry.rs` asks for, and
         /// stay valid until the launch completes on the stream.
+        #[allow(clippy::too_many_arguments)]
         pub unsafe fn $name(&self, threads: u64, $($arg: $ty),*) -> Result<()> {
             let f = self.stream.device().kernels()?.function($kernel)?;
             let mut launch = self.stream.cudarc().launch_builder(&f);

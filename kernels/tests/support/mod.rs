@@ -133,9 +133,9 @@ impl HostHeap {
     }
 }
 
-// SAFETY (for the tests): the arrays are only touched through atomics, or through blocks that
-// the allocator handed to exactly one thread.
+// SAFETY: the test heap outlives every use, and blocks are used only by their owner.
 unsafe impl Send for HostHeap {}
+// SAFETY: the test heap outlives every use, and blocks are used only by their owner.
 unsafe impl Sync for HostHeap {}
 
 trait Zeroed {
