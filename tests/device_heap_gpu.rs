@@ -250,7 +250,9 @@ fn bump_serves_aligned_disjoint_ranges_and_resets() {
     let dev = carve::require_gpu!();
     let stream = dev.new_stream().unwrap();
     let bytes = 48u64;
-    let cap = N * 64;
+    // Room for every thread plus chunk tails: each slot wastes under one warp's request per
+    // chunk, and up to one chunk at the end.
+    let cap = N * 64 * 5 / 4;
     let heap = DeviceHeap::bump(cuda(&dev), &stream, cap).unwrap();
     let k = HeapKernels::new(&stream);
     let p = ptrs(&stream, &dev, N);

@@ -10,8 +10,8 @@
 //!   to change and retry. Large requests, and arenas too small to chunk, go to the global
 //!   offset directly ([`Bump::reserve_global`]).
 //!
-//! The global offset only moves by compare-and-swap within the capacity, so it never wraps. A
-//! slot's byte count can run past its chunk only by what the warps resident on that SM add
+//! The global offset moves by `fetch_add` only while it is inside the arena, so it never wraps:
+//! it ends at most the requests in flight past the capacity. A slot's byte count can run past its chunk only by what the warps resident on that SM add
 //! before the closer installs the next chunk (each at most a quarter chunk), far below 2^32.
 
 use crate::heap_layout::*;
@@ -59,19 +59,20 @@ impl<'a> Bump<'a> {
 
     /// Reserves `bytes` (a multiple of [`GRANULE`]) from the global offset; returns the arena
     /// offset, or `None` when they do not fit.
+    ///
+    /// One `fetch_add`, not a compare-and-swap loop: with every SM refilling chunks, a CAS loop
+    /// on one address serialises them. Only callers that saw the offset inside the arena add,
+    /// so it overshoots the capacity by at most the requests in flight at that moment, and a
+    /// failed request is never undone (an undo could make a later, fitting request fail).
     #[inline(always)]
     pub fn reserve_global(&self, bytes: u64) -> Option<u64> {
         let off = self.offset();
-        let mut cur = off.load(Ordering::Relaxed);
-        loop {
-            if bytes > self.h.capacity || cur > self.h.capacity - bytes {
-                return None;
-            }
-            match off.compare_exchange(cur, cur + bytes, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return Some(cur),
-                Err(now) => cur = now,
-            }
+        let cap = self.h.capacity;
+        if bytes > cap || off.load(Ordering::Relaxed) > cap - bytes {
+            return None;
         }
+        let old = off.fetch_add(bytes, Ordering::Relaxed);
+        (old <= cap - bytes).then_some(old)
     }
 
     /// Reserves `bytes` (a multiple of [`GRANULE`], at most a quarter chunk) from slot `s`;

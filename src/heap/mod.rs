@@ -391,7 +391,7 @@ mod tests {
         assert!(l.total as u64 >= 1000 * 48);
         let (h, l) = bump_plan(1 << 30).unwrap();
         assert_eq!(h.nwords, BUMP_SLOTS);
-        assert_eq!(h.shard_words_log2, 16);
+        assert_eq!(h.shard_words_log2, 20);
         assert!(l.meta_end >= l.words + 8 * BUMP_SLOTS as usize);
         let (h, _) = bump_plan(4096).unwrap();
         assert_eq!(h.nwords, 0, "too small to chunk");
