@@ -4,6 +4,7 @@
 
 pub mod adaptor_overhead;
 pub mod alloc_free;
+pub mod device_alloc;
 mod driver_pool;
 pub mod random_allocations;
 pub mod table;
@@ -30,6 +31,8 @@ pub enum Workload {
     AdaptorOverhead,
     /// RMM's random_allocations: pool, binning, fixed-size, arena vs cuMemAlloc and the driver pool.
     RandomAllocations,
+    /// In-kernel allocation: carve's slab and bump against CUDA malloc and atomicAdd.
+    DeviceAlloc,
 }
 
 /// Runs the chosen workloads, printing each table as it completes.
@@ -38,6 +41,7 @@ pub fn run(args: &BenchArgs) -> carve::Result<()> {
         Workload::AllocFree,
         Workload::AdaptorOverhead,
         Workload::RandomAllocations,
+        Workload::DeviceAlloc,
     ];
     let chosen = if args.workloads.is_empty() {
         &all[..]
@@ -51,6 +55,7 @@ pub fn run(args: &BenchArgs) -> carve::Result<()> {
             Workload::RandomAllocations => random_allocations::run(args.quick)?
                 .iter()
                 .for_each(|t| t.print()),
+            Workload::DeviceAlloc => device_alloc::run(args.quick)?.print(),
         }
     }
     Ok(())

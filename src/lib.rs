@@ -32,6 +32,7 @@ pub mod buffer;
 pub mod current;
 pub mod driver;
 pub mod error;
+pub mod heap;
 pub mod replay;
 pub mod resource;
 pub mod stream;
@@ -43,6 +44,7 @@ pub mod testing;
 pub use buffer::{DeviceBuffer, DeviceVec};
 pub use driver::{Device, Event, Stream};
 pub use error::{Error, Result};
+pub use heap::{DeviceHeap, HeapStats};
 pub use resource::{
     ArenaMemoryResource, BinningMemoryResource, CudaMemoryResource, FixedSizeMemoryResource,
     HostMemoryResource, MemoryResource, PoolMemoryResource, Properties, SharedResource,

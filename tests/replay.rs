@@ -333,12 +333,20 @@ fn suballocators_replay_over_simulated_memory() {
             row(1, "allocate", 4 * g, GIB / 2, "0"),
         ],
     );
-    for kind in [ResourceKind::Pool, ResourceKind::Arena, ResourceKind::Binning] {
+    for kind in [
+        ResourceKind::Pool,
+        ResourceKind::Arena,
+        ResourceKind::Binning,
+    ] {
         let mut a = args(&log, kind);
         a.simulate_capacity = Some(2 * GIB);
         let report = replay_file(&a).unwrap();
         assert_eq!(report.failed_allocations, 1, "{kind}: {report}");
-        assert_eq!(report.first_failure.as_ref().unwrap().line, 4, "{kind}: {report}");
+        assert_eq!(
+            report.first_failure.as_ref().unwrap().line,
+            4,
+            "{kind}: {report}"
+        );
 
         a.simulate_capacity = Some(8 * GIB);
         let report = replay_file(&a).unwrap();

@@ -20,10 +20,16 @@
 extern crate std;
 
 pub mod blocks;
+pub mod bump;
+pub mod heap_layout;
+pub mod slab;
 pub mod smoke;
 pub mod sync;
+pub mod warp;
 
 #[cfg(target_arch = "nvptx64")]
 mod entry;
+#[cfg(target_arch = "nvptx64")]
+mod heap_entry;
 #[cfg(target_arch = "nvptx64")]
 mod nvptx;

@@ -1,0 +1,244 @@
+//! In-kernel allocation: N threads each make one request, one kernel timed with events, median
+//! of several runs after a warm-up. Peers in the same run: the empty kernel (launch floor), one
+//! `atomicAdd` per thread (the single-counter bump limit), CUDA's in-kernel malloc/free
+//! (time-bounded), carve's bump arena and carve's slab.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use carve::heap::HeapKernels;
+use carve::{CudaMemoryResource, Device, DeviceHeap, DeviceVec, Event, SharedResource, Stream};
+use cudarc::driver::{result, sys};
+
+use super::table::Table;
+
+const RUNS: usize = 5;
+/// Largest heap the benchmark reserves.
+const MAX_HEAP: u64 = 40 << 30;
+/// How long CUDA's in-kernel malloc may run before it is reported as not finishing.
+const MALLOC_LIMIT: Duration = Duration::from_secs(10);
+
+/// Median milliseconds of `RUNS` timed runs of `body` (after one untimed), each between events;
+/// `between` runs untimed after each.
+fn time(
+    dev: &Device,
+    stream: &Stream,
+    mut body: impl FnMut() -> carve::Result<()>,
+    mut between: impl FnMut() -> carve::Result<()>,
+) -> carve::Result<f64> {
+    let (start, end) = (Event::new(dev, true)?, Event::new(dev, true)?);
+    body()?;
+    between()?;
+    let mut ms = Vec::with_capacity(RUNS);
+    for _ in 0..RUNS {
+        start.record(stream.as_ref())?;
+        body()?;
+        end.record(stream.as_ref())?;
+        end.synchronize()?;
+        ms.push(start.elapsed_ms(&end)? as f64);
+        between()?;
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(ms[RUNS / 2])
+}
+
+fn rate(n: u64, ms: f64) -> String {
+    format!("{:.1}", n as f64 / (ms * 1e6))
+}
+
+struct Ctx {
+    dev: Device,
+    stream: Stream,
+    mr: SharedResource,
+}
+
+impl Ctx {
+    fn kernels(&self) -> HeapKernels<'_> {
+        HeapKernels::new(&self.stream)
+    }
+}
+
+/// Slab alloc and free rates (G/s) with the heap at `cap` blocks.
+fn slab(c: &Ctx, n: u64, bs: u64, cap: u64, out: &DeviceVec<u64>) -> carve::Result<(f64, f64)> {
+    let heap = DeviceHeap::slab(c.mr.clone(), &c.stream, cap, bs)?;
+    let k = c.kernels();
+    let h = heap.device_ptr();
+    // SAFETY (all launches below): `out` holds n u64s; the heap lives until the end.
+    let alloc = time(
+        &c.dev,
+        &c.stream,
+        // SAFETY: the buffers and heap outlive the launch; see the caller.
+        || unsafe { k.slab_alloc(n, h, out.as_ptr(), n) },
+        // SAFETY: the buffers and heap outlive the launch; see the caller.
+        || unsafe { k.slab_free(n, h, out.as_ptr(), n) },
+    )?;
+    // SAFETY: as above; the free timing starts from a full set of blocks.
+    unsafe { k.slab_alloc(n, h, out.as_ptr(), n) }?;
+    let free = time(
+        &c.dev,
+        &c.stream,
+        // SAFETY: the buffers and heap outlive the launch; see the caller.
+        || unsafe { k.slab_free(n, h, out.as_ptr(), n) },
+        // SAFETY: the buffers and heap outlive the launch; see the caller.
+        || unsafe { k.slab_alloc(n, h, out.as_ptr(), n) },
+    );
+    // The last `between` left blocks allocated; the heap goes with them.
+    let free = free?;
+    let s = heap.stats()?;
+    if s.failed_allocs > 0 || s.double_frees > 0 {
+        return Err(carve::Error::InvalidArgument(format!(
+            "slab bench: {} failed allocations, {} double frees at {n} × {bs} B",
+            s.failed_allocs, s.double_frees
+        )));
+    }
+    Ok((n as f64 / (alloc * 1e6), n as f64 / (free * 1e6)))
+}
+
+/// CUDA's in-kernel malloc then free, or why not.
+fn cuda_malloc(c: &Ctx, n: u64, bs: u64, out: &DeviceVec<u64>) -> carve::Result<(String, String)> {
+    let k = c.kernels();
+    let (start, mid, end) = (
+        Event::new(&c.dev, true)?,
+        Event::new(&c.dev, true)?,
+        Event::new(&c.dev, true)?,
+    );
+    start.record(c.stream.as_ref())?;
+    // SAFETY: out holds n u64s; the malloc heap limit was set before the first launch.
+    unsafe { k.cuda_malloc(n, out.as_ptr(), n, bs) }?;
+    mid.record(c.stream.as_ref())?;
+    // SAFETY: frees what the launch above allocated (nulls are ignored by free).
+    unsafe { k.cuda_free(n, out.as_ptr(), n) }?;
+    end.record(c.stream.as_ref())?;
+    let t = Instant::now();
+    while !end.is_complete()? {
+        if t.elapsed() > MALLOC_LIMIT {
+            let msg = format!("did not finish in {} s", MALLOC_LIMIT.as_secs());
+            // Nothing can stop a running kernel: wait, so later rows are not skewed.
+            end.synchronize()?;
+            return Ok((msg.clone(), msg));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let nulls = out.to_vec()?.iter().filter(|&&p| p == 0).count();
+    let note = if nulls > 0 {
+        format!(" ({nulls} null)")
+    } else {
+        String::new()
+    };
+    let a = start.elapsed_ms(&mid)? as f64;
+    let f = mid.elapsed_ms(&end)? as f64;
+    Ok((
+        format!("{:.2} M/s{note}", n as f64 / (a * 1e3)),
+        format!("{:.2} M/s", n as f64 / (f * 1e3)),
+    ))
+}
+
+pub fn run(quick: bool) -> carve::Result<Table> {
+    let mut table = Table::new(
+        "device_alloc: N threads, one request each (G allocs/s unless noted; median of 5)",
+        &[
+            "N",
+            "block B",
+            "empty kernel ms",
+            "atomicAdd/thread",
+            "bump",
+            "slab alloc (1.5×)",
+            "slab free (1.5×)",
+            "slab alloc (90 % fill)",
+            "CUDA malloc",
+            "CUDA free",
+        ],
+    );
+    let dev = match Device::get(0) {
+        Ok(d) => d,
+        Err(e) => {
+            table.note(format!("no GPU ({e}): nothing measured"));
+            return Ok(table);
+        }
+    };
+    dev.bind()?;
+    let malloc_heap = 1usize << 30;
+    // Set on the bound context before any launch that uses device malloc.
+    result::ctx::set_limit(sys::CUlimit::CU_LIMIT_MALLOC_HEAP_SIZE, malloc_heap)
+        .map_err(|e| carve::Error::InvalidArgument(format!("cuCtxSetLimit: {e:?}")))?;
+    let c = Ctx {
+        stream: dev.new_stream()?,
+        mr: Arc::new(CudaMemoryResource::new(&dev)),
+        dev,
+    };
+    let props = c.dev.properties()?;
+    table.note(format!(
+        "device: {}, {} SMs. Slab heaps hold 1.5 N blocks (or N / 0.9 for the 90 % column); \
+         bump arenas N × block × 1.5 bytes, reset between runs. Slab and CUDA malloc kernels \
+         store each pointer (8 B/thread); atomicAdd and bump kernels keep theirs in a register. \
+         CUDA malloc runs only at N = 2^20 (heap limit {} MiB) and is bounded to {} s.",
+        props.name,
+        props.multiprocessors,
+        malloc_heap >> 20,
+        MALLOC_LIMIT.as_secs()
+    ));
+    let ns: &[u32] = if quick { &[20, 22] } else { &[20, 22, 24, 26] };
+    let sizes: &[u64] = if quick {
+        &[16, 1024]
+    } else {
+        &[16, 64, 256, 1024, 4096]
+    };
+    let counter = DeviceVec::<u64>::zeroed(2, &c.stream, c.mr.clone())?;
+    for &log_n in ns {
+        let n = 1u64 << log_n;
+        let out = DeviceVec::<u64>::zeroed(n as usize, &c.stream, c.mr.clone())?;
+        let k = c.kernels();
+        // SAFETY: no arguments.
+        let empty = time(&c.dev, &c.stream, || unsafe { k.empty(1) }, || Ok(()))?;
+        for &bs in sizes {
+            let mut row = vec![format!("2^{log_n}"), bs.to_string(), format!("{empty:.3}")];
+            if n * bs * 3 / 2 > MAX_HEAP {
+                row.extend(std::iter::repeat_n("(heap > 40 GiB)".to_string(), 7));
+                table.row(row);
+                continue;
+            }
+            let (ctr, sink) = (counter.as_ptr(), counter.as_ptr() + 8);
+            // SAFETY: ctr and sink are u64s in device memory.
+            let add = time(
+                &c.dev,
+                &c.stream,
+                // SAFETY: the buffers and heap outlive the launch; see the caller.
+                || unsafe { k.atomic_add(n, ctr, n, bs, sink) },
+                || Ok(()),
+            )?;
+            row.push(rate(n, add));
+            let arena = DeviceHeap::bump(c.mr.clone(), &c.stream, n * bs * 3 / 2)?;
+            let h = arena.device_ptr();
+            // SAFETY: the arena lives; sink is a u64.
+            let bump = time(
+                &c.dev,
+                &c.stream,
+                // SAFETY: the buffers and heap outlive the launch; see the caller.
+                || unsafe { k.bump_alloc_sink(n, h, n, bs, 16, sink) },
+                || arena.reset(),
+            )?;
+            let failed = arena.stats()?.failed_allocs;
+            drop(arena);
+            row.push(if failed == 0 {
+                rate(n, bump)
+            } else {
+                format!("{} ({failed} failed)", rate(n, bump))
+            });
+            let (a, f) = slab(&c, n, bs, n + n / 2, &out)?;
+            row.push(format!("{a:.1}"));
+            row.push(format!("{f:.1}"));
+            let (a90, _) = slab(&c, n, bs, (n * 10).div_ceil(9), &out)?;
+            row.push(format!("{a90:.1}"));
+            if log_n == 20 && (bs == 16 || bs == 1024) {
+                let (m, f) = cuda_malloc(&c, n, bs, &out)?;
+                row.push(m);
+                row.push(f);
+            } else {
+                row.push("–".into());
+                row.push("–".into());
+            }
+            table.row(row);
+        }
+    }
+    Ok(table)
+}

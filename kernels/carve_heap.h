@@ -1,0 +1,42 @@
+/* carve's device heap, callable from CUDA C++ device code.
+ *
+ * The functions below are `.visible .func` symbols of carve's PTX module (carve::driver::PTX).
+ * Compile your kernel with `nvcc -rdc=true -ptx`, then JIT-link both PTX texts with
+ * cuLinkCreate / cuLinkAddData / cuLinkComplete. The heap itself is created on the host with
+ * carve::DeviceHeap::{slab, bump}; pass DeviceHeap::device_ptr() to your kernel as `heap`.
+ *
+ * Semantics (all are warp-cooperative: lanes that call together share the atomics; any subset
+ * of lanes may call, with different arguments):
+ *   carve_slab_alloc(heap)            one block of the slab's block size; NULL when exhausted or
+ *                                     when `heap` is not a slab. Blocks are aligned to 16 bytes,
+ *                                     or to the block size when it is a power of two (<= 4096).
+ *   carve_slab_free(heap, p)          returns a block. NULL is ignored. A pointer that is not a
+ *                                     block of the heap is counted (foreign_frees) and ignored; on
+ *                                     checked heaps (the default) a double free is counted too.
+ *   carve_bump_alloc(heap, n, align)  n bytes aligned to align (a power of two <= 4096); NULL when
+ *                                     exhausted, n == 0, a bad alignment, or `heap` not a bump.
+ *                                     Released all at once by DeviceHeap::reset on the host.
+ * None of them traps or unwinds; failures are counted in DeviceHeap::stats().
+ */
+#ifndef CARVE_HEAP_H
+#define CARVE_HEAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Opaque: the first 128 bytes of a heap region (carve_kernels::heap_layout::HeapHandle). */
+typedef struct carve_heap carve_heap_t;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+__device__ void *carve_slab_alloc(const carve_heap_t *heap);
+__device__ void carve_slab_free(const carve_heap_t *heap, void *ptr);
+__device__ void *carve_bump_alloc(const carve_heap_t *heap, uint64_t bytes, uint64_t align);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CARVE_HEAP_H */

@@ -1,0 +1,217 @@
+//! The bump arena: allocation only, reset by the host between launches.
+//!
+//! Two levels, so that global memory sees few atomics:
+//! - the lanes of a warp that call together are served by one reservation (sizes rounded to the
+//!   warp's largest alignment, offsets by rank: [`Bump::alloc`]);
+//! - that reservation comes from a per-SM *slot* when chunking is on: the slot holds
+//!   `(chunk tag << 32) | bytes used` and one `fetch_add` reserves within the current chunk
+//!   ([`Bump::reserve_in_slot`]). The one warp whose reservation crosses the chunk's end takes a
+//!   new chunk from the global offset and installs it; the others that crossed wait for the tag
+//!   to change and retry. Large requests, and arenas too small to chunk, go to the global
+//!   offset directly ([`Bump::reserve_global`]).
+//!
+//! The global offset moves by `fetch_add` only while it is inside the arena, so it never wraps:
+//! it ends at most the requests in flight past the capacity. A slot's byte count can run past its chunk only by what the warps resident on that SM add
+//! before the closer installs the next chunk (each at most a quarter chunk), far below 2^32.
+
+use crate::heap_layout::*;
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::spin_loop;
+use crate::warp::{rank_in, Warp};
+
+/// Granule of every reservation: all sizes are rounded up to it, and chunks start on it.
+pub const GRANULE: u64 = 16;
+
+/// A view of one formatted bump segment.
+#[derive(Clone, Copy, Debug)]
+pub struct Bump<'a> {
+    h: &'a HeapHandle,
+}
+
+impl<'a> Bump<'a> {
+    /// Views a bump segment.
+    ///
+    /// # Safety
+    /// `h` must describe a formatted bump arena (see [`crate::heap_layout`]) whose arrays stay
+    /// valid, and are accessed only atomically by others, for `'a`.
+    #[inline(always)]
+    pub unsafe fn new(h: &'a HeapHandle) -> Self {
+        Bump { h }
+    }
+
+    #[inline(always)]
+    fn offset(&self) -> &'a AtomicU64 {
+        // SAFETY: `new`'s contract: `shard_used` is the arena's offset for 'a.
+        unsafe { &*(self.h.shard_used as *const AtomicU64) }
+    }
+
+    #[inline(always)]
+    fn slot(&self, i: u32) -> &'a AtomicU64 {
+        debug_assert!(i < self.h.nwords);
+        // SAFETY: `words` holds `nwords` slot atomics for 'a.
+        unsafe { &*(self.h.words as *const AtomicU64).add(i as usize) }
+    }
+
+    #[inline(always)]
+    fn chunk(&self) -> u64 {
+        1u64 << self.h.shard_words_log2
+    }
+
+    /// Reserves `bytes` (a multiple of [`GRANULE`]) from the global offset; returns the arena
+    /// offset, or `None` when they do not fit.
+    ///
+    /// One `fetch_add`, not a compare-and-swap loop: with every SM refilling chunks, a CAS loop
+    /// on one address serialises them. Only callers that saw the offset inside the arena add,
+    /// so it overshoots the capacity by at most the requests in flight at that moment, and a
+    /// failed request is never undone (an undo could make a later, fitting request fail).
+    #[inline(always)]
+    pub fn reserve_global(&self, bytes: u64) -> Option<u64> {
+        let off = self.offset();
+        let cap = self.h.capacity;
+        if bytes > cap || off.load(Ordering::Relaxed) > cap - bytes {
+            return None;
+        }
+        let old = off.fetch_add(bytes, Ordering::Relaxed);
+        (old <= cap - bytes).then_some(old)
+    }
+
+    /// Reserves `bytes` (a multiple of [`GRANULE`], at most a quarter chunk) from slot `s`;
+    /// returns the arena offset, or `None` when neither a chunk nor the arena's tail has room.
+    #[inline(always)]
+    pub fn reserve_in_slot(&self, s: u32, bytes: u64) -> Option<u64> {
+        let slot = self.slot(s);
+        let chunk = self.chunk();
+        loop {
+            let old = slot.fetch_add(bytes, Ordering::Acquire);
+            let tag = (old >> 32) as u32;
+            let used = old & 0xFFFF_FFFF;
+            if tag == CHUNK_EXHAUSTED {
+                slot.fetch_sub(bytes, Ordering::Relaxed);
+                // The arena's tail, shorter than a chunk, may still fit this request.
+                return self.reserve_global(bytes);
+            }
+            let limit = if tag == CHUNK_NONE { 0 } else { chunk };
+            if used + bytes <= limit {
+                return Some(((tag as u64 - 1) * GRANULE) + used);
+            }
+            if used <= limit {
+                // This warp crossed the end: it alone installs the next chunk, taking the front
+                // of it for itself. Everyone else's additions since are overwritten; they wait.
+                return match self.reserve_global(chunk) {
+                    Some(start) => {
+                        let tag = start / GRANULE + 1;
+                        slot.store((tag << 32) | bytes, Ordering::Release);
+                        Some(start)
+                    }
+                    None => {
+                        slot.store((CHUNK_EXHAUSTED as u64) << 32, Ordering::Release);
+                        self.reserve_global(bytes)
+                    }
+                };
+            }
+            while (slot.load(Ordering::Acquire) >> 32) as u32 == tag {
+                spin_loop();
+            }
+        }
+    }
+
+    /// Allocates `bytes` aligned to `align` for each calling lane; null when exhausted, for a
+    /// zero size, or an alignment that is not a power of two (or exceeds a quarter chunk).
+    #[inline(always)]
+    pub fn alloc<W: Warp>(
+        &self,
+        warp: &W,
+        bytes: u64,
+        align: u64,
+        count_failures: bool,
+    ) -> *mut u8 {
+        let align = align.max(GRANULE);
+        let ok = bytes != 0
+            && align.is_power_of_two()
+            && align <= 4096
+            && bytes <= self.h.capacity
+            && self.h.capacity - bytes >= align;
+        let entered = warp.active();
+        let mask = warp.ballot(entered, ok);
+        if !ok {
+            if bytes != 0 && count_failures {
+                self.count_failure(warp.slot_hint(), 1);
+            }
+            return core::ptr::null_mut();
+        }
+        let lane = warp.lane();
+        let leader = mask.trailing_zeros();
+        let rank = rank_in(mask, lane);
+        // Alignments are powers of two, so their OR's top bit is the largest.
+        let any = warp.or_reduce(mask, align);
+        let warp_align = 1u64 << (63 - any.leading_zeros());
+        let size = bytes.div_ceil(warp_align) * warp_align;
+        let (prefix, total) = if warp.match_all(mask, size) {
+            (rank as u64 * size, mask.count_ones() as u64 * size)
+        } else {
+            let mut prefix = 0;
+            let mut total = 0;
+            let mut rest = mask;
+            while rest != 0 {
+                let src = rest.trailing_zeros();
+                rest &= rest - 1;
+                let s = warp.shfl64(mask, size, src);
+                if src < lane {
+                    prefix += s;
+                }
+                total += s;
+            }
+            (prefix, total)
+        };
+        // Room to align the warp's start to `warp_align` whatever granule it lands on.
+        let request = total + warp_align - GRANULE;
+        let mut base = u64::MAX;
+        if lane == leader {
+            let chunked = self.h.nwords > 0 && request <= self.chunk() / 4;
+            let got = if chunked {
+                self.reserve_in_slot(warp.slot_hint() % self.h.nwords, request)
+            } else {
+                self.reserve_global(request)
+            };
+            if let Some(off) = got {
+                let start = self.h.data + off;
+                base = start.div_ceil(warp_align) * warp_align;
+            } else if count_failures {
+                self.count_failure(warp.slot_hint(), mask.count_ones() as u64);
+            }
+        }
+        let base = warp.shfl64(mask, base, leader);
+        if base == u64::MAX {
+            core::ptr::null_mut()
+        } else {
+            (base + prefix) as *mut u8
+        }
+    }
+
+    #[inline(always)]
+    fn count_failure(&self, slot: u32, n: u64) {
+        let i = COUNTER_FAILED_ALLOCS * COUNTER_SLOTS + slot as usize % COUNTER_SLOTS;
+        // SAFETY: `counters` holds COUNTERS × COUNTER_SLOTS atomics for 'a.
+        let c = unsafe { &*(self.h.counters as *const AtomicU64).add(i) };
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Allocates from the chain of bump segments starting at `h`.
+///
+/// # Safety
+/// `h` and every `next` handle must satisfy [`Bump::new`] for the duration of the call.
+#[inline(always)]
+pub unsafe fn chain_alloc<W: Warp>(h: &HeapHandle, warp: &W, bytes: u64, align: u64) -> *mut u8 {
+    let mut h = h;
+    loop {
+        let last = h.next == 0;
+        // SAFETY: the caller vouches for every segment.
+        let p = unsafe { Bump::new(h) }.alloc(warp, bytes, align, last);
+        if !p.is_null() || last {
+            return p;
+        }
+        // SAFETY: as above.
+        h = unsafe { &*(h.next as *const HeapHandle) };
+    }
+}

@@ -1,0 +1,266 @@
+//! The device heap's shared layout: the [`HeapHandle`] that kernels receive (by address) and the
+//! host writes, and the arithmetic that places its arrays inside one reserved region.
+//!
+//! A region is `[handle | counters | slab: shard used, shard peak, bitmap | bump: slots | data]`.
+//! Everything before `data` reads as a fresh heap when zeroed, except the handle itself, so the
+//! host formats a heap with one memset and one 128-byte copy, and reads its statistics back with
+//! one copy of the metadata prefix (no format kernel).
+
+use bytemuck::{Pod, Zeroable};
+use static_assertions::{const_assert, const_assert_eq};
+
+/// `HeapHandle::magic` of a formatted heap; anything else is refused by the entry points.
+pub const HEAP_MAGIC: u32 = 0xCA4E_4EA9;
+/// `HeapHandle::kind` of a fixed-size-block heap.
+pub const KIND_SLAB: u32 = 1;
+/// `HeapHandle::kind` of a bump arena.
+pub const KIND_BUMP: u32 = 2;
+/// `HeapHandle::flags`: frees read the bitmap back and count double frees instead of trusting
+/// the caller (one returned atomic per word group instead of a fire-and-forget one).
+pub const FLAG_CHECKED_FREES: u32 = 1;
+
+/// Slots per statistics counter: failures are added to slot `warp % COUNTER_SLOTS`, so a storm
+/// of failed allocations does not serialise on one address.
+pub const COUNTER_SLOTS: usize = 32;
+/// The statistics counters, in order, each `COUNTER_SLOTS` `u64`s.
+pub const COUNTER_FAILED_ALLOCS: usize = 0;
+/// Frees of a block that was already free (checked heaps only).
+pub const COUNTER_DOUBLE_FREES: usize = 1;
+/// Frees of a pointer that is not a block of this heap (outside it, or misaligned).
+pub const COUNTER_FOREIGN_FREES: usize = 2;
+/// Number of counters.
+pub const COUNTERS: usize = 3;
+
+/// Byte size of the counter array that follows the handle.
+pub const COUNTERS_BYTES: usize = COUNTERS * COUNTER_SLOTS * 8;
+
+/// Smallest slab block, and the alignment every block has at least.
+pub const MIN_BLOCK: u64 = 16;
+/// Largest alignment a slab gives its blocks (blocks of a power-of-two size up to this are
+/// aligned to their size).
+pub const MAX_BLOCK_ALIGN: u64 = 4096;
+
+/// Bump chunk tag meaning "this slot has no chunk yet" (the zeroed state).
+pub const CHUNK_NONE: u32 = 0;
+/// Bump chunk tag meaning "the arena could not give this slot another chunk".
+pub const CHUNK_EXHAUSTED: u32 = u32::MAX;
+
+/// What a kernel needs to allocate from one heap segment, at offset 0 of its region.
+///
+/// All addresses are device (or, in host tests, host) addresses of arrays inside the region,
+/// except `next`, the handle of the segment that [`grow`](../../carve/heap/index.html) appended
+/// (0 for none): allocation moves on to it when this segment is exhausted.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct HeapHandle {
+    /// [`HEAP_MAGIC`].
+    pub magic: u32,
+    /// [`KIND_SLAB`] or [`KIND_BUMP`].
+    pub kind: u32,
+    /// Slab: bytes per block (a multiple of 16). Bump: 0.
+    pub block_size: u64,
+    /// Slab: number of blocks. Bump: arena bytes.
+    pub capacity: u64,
+    /// Address of block 0 (slab) or of the arena (bump).
+    pub data: u64,
+    /// Address of the `COUNTERS × COUNTER_SLOTS` `u64` statistics counters.
+    pub counters: u64,
+    /// Slab: address of the `nshards` `u32` used-block counts. Bump: the global offset (`u64`).
+    pub shard_used: u64,
+    /// Slab: address of the `nshards` `u32` peak used-block counts. Bump: unused (0).
+    pub shard_peak: u64,
+    /// Slab: address of the `nwords` `u64` bitmap words (bit set = block in use). Bump: the
+    /// `nslots` `u64` per-SM chunk cursors.
+    pub words: u64,
+    /// Slab: bitmap words. Bump: per-SM slots (0 turns chunking off).
+    pub nwords: u32,
+    /// Slab: shards (each counts the blocks in use among its `64 << shard_words_log2` bits).
+    pub nshards: u32,
+    /// Slab: log2 of the bitmap words per shard. Bump: log2 of the chunk size in bytes.
+    pub shard_words_log2: u32,
+    /// Slab: log2 of `block_size` when it is a power of two, else `u32::MAX`.
+    pub block_shift: u32,
+    /// `FLAG_*` bits.
+    pub flags: u32,
+    /// Keeps `next` 8-byte aligned.
+    pub _pad: u32,
+    /// Handle of the next segment, or 0.
+    pub next: u64,
+    /// Room for later fields without moving the arrays.
+    pub reserved: [u64; 4],
+}
+
+/// The handle's size: the arrays start at this offset.
+pub const HANDLE_BYTES: usize = 128;
+
+const_assert_eq!(core::mem::size_of::<HeapHandle>(), HANDLE_BYTES);
+const_assert_eq!(core::mem::align_of::<HeapHandle>(), 8);
+const_assert_eq!(core::mem::offset_of!(HeapHandle, magic), 0);
+const_assert_eq!(core::mem::offset_of!(HeapHandle, kind), 4);
+const_assert_eq!(core::mem::offset_of!(HeapHandle, block_size), 8);
+const_assert_eq!(core::mem::offset_of!(HeapHandle, capacity), 16);
+const_assert_eq!(core::mem::offset_of!(HeapHandle, data), 24);
+const_assert_eq!(core::mem::offset_of!(HeapHandle, counters), 32);
+const_assert_eq!(core::mem::offset_of!(HeapHandle, shard_used), 40);
+const_assert_eq!(core::mem::offset_of!(HeapHandle, shard_peak), 48);
+const_assert_eq!(core::mem::offset_of!(HeapHandle, words), 56);
+const_assert_eq!(core::mem::offset_of!(HeapHandle, nwords), 64);
+const_assert_eq!(core::mem::offset_of!(HeapHandle, nshards), 68);
+const_assert_eq!(core::mem::offset_of!(HeapHandle, shard_words_log2), 72);
+const_assert_eq!(core::mem::offset_of!(HeapHandle, block_shift), 76);
+const_assert_eq!(core::mem::offset_of!(HeapHandle, flags), 80);
+const_assert_eq!(core::mem::offset_of!(HeapHandle, next), 88);
+const_assert!(COUNTERS_BYTES.is_multiple_of(8));
+
+/// Where each array of a heap lives, as byte offsets from the region's start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionLayout {
+    /// Offset of the counters (right after the handle).
+    pub counters: usize,
+    /// Slab: shard used counts. Bump: the global offset.
+    pub shard_used: usize,
+    /// Slab: shard peaks.
+    pub shard_peak: usize,
+    /// Slab: bitmap. Bump: chunk slots.
+    pub words: usize,
+    /// End of the statistics prefix (what `stats` copies back).
+    pub stats_end: usize,
+    /// End of everything that must be zeroed to format.
+    pub meta_end: usize,
+    /// Offset of the data (blocks or arena).
+    pub data: usize,
+    /// Total region bytes.
+    pub total: usize,
+}
+
+/// Slab geometry: the host's choice of shard size for `capacity` blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlabGeometry {
+    pub nwords: u32,
+    pub nshards: u32,
+    pub shard_words_log2: u32,
+}
+
+/// Shards of at most 64 words (4096 blocks) and at most 4096 shards for big heaps: enough
+/// counters that warps rarely meet on one, few enough that `stats` copies little.
+pub fn slab_geometry(capacity: u64) -> Option<SlabGeometry> {
+    let nwords = capacity.div_ceil(64);
+    if nwords == 0 || nwords > u32::MAX as u64 {
+        return None;
+    }
+    let mut log2 = 0u32;
+    while log2 < 6 && (nwords >> (log2 + 1)) >= 16 {
+        log2 += 1;
+    }
+    while nwords.div_ceil(1 << log2) > 4096 {
+        log2 += 1;
+    }
+    Some(SlabGeometry {
+        nwords: nwords as u32,
+        nshards: nwords.div_ceil(1 << log2) as u32,
+        shard_words_log2: log2,
+    })
+}
+
+const fn up(v: usize, a: usize) -> usize {
+    (v + a - 1) & !(a - 1)
+}
+
+/// Region layout of a slab of `geometry`, with `capacity` blocks of `block_size` bytes aligned
+/// to `block_align`. `None` when it overflows.
+pub fn slab_layout(
+    g: SlabGeometry,
+    capacity: u64,
+    block_size: u64,
+    block_align: u64,
+) -> Option<RegionLayout> {
+    let counters = HANDLE_BYTES;
+    let shard_used = counters + COUNTERS_BYTES;
+    let shard_peak = shard_used.checked_add(4 * g.nshards as usize)?;
+    let stats_end = shard_peak.checked_add(4 * g.nshards as usize)?;
+    let words = up(stats_end, 128);
+    let meta_end = words.checked_add(8 * g.nwords as usize)?;
+    let data = up(meta_end, block_align.max(256) as usize);
+    let bytes = usize::try_from(capacity.checked_mul(block_size)?).ok()?;
+    let total = data.checked_add(bytes)?;
+    (total <= isize::MAX as usize).then_some(RegionLayout {
+        counters,
+        shard_used,
+        shard_peak,
+        words,
+        stats_end,
+        meta_end,
+        data,
+        total,
+    })
+}
+
+/// Region layout of a bump arena of `capacity` bytes with `nslots` chunk cursors.
+pub fn bump_layout(capacity: u64, nslots: u32) -> Option<RegionLayout> {
+    let counters = HANDLE_BYTES;
+    let shard_used = counters + COUNTERS_BYTES;
+    let stats_end = shard_used + 8;
+    let words = up(stats_end, 128);
+    let meta_end = words + 8 * nslots as usize;
+    let data = up(meta_end, 256);
+    let total = data.checked_add(usize::try_from(capacity).ok()?)?;
+    (total <= isize::MAX as usize).then_some(RegionLayout {
+        counters,
+        shard_used,
+        shard_peak: shard_used,
+        words,
+        stats_end,
+        meta_end,
+        data,
+        total,
+    })
+}
+
+/// Bump chunk size for an arena: at most 1 MiB (so that a warp of 1 KiB requests still takes
+/// the per-SM path), and small enough that every slot can hold a
+/// chunk while 3/4 of the arena stays for the rest. `None`: too small to chunk.
+pub fn bump_chunk_log2(capacity: u64, nslots: u32) -> Option<u32> {
+    let per_slot = capacity / (4 * nslots.max(1) as u64);
+    if per_slot < 4096 {
+        return None;
+    }
+    Some((63 - per_slot.leading_zeros()).min(20))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn geometry_bounds_shards() {
+        let g = slab_geometry(1).unwrap();
+        assert_eq!((g.nwords, g.nshards, g.shard_words_log2), (1, 1, 0));
+        let g = slab_geometry(1 << 24).unwrap();
+        assert_eq!(g.nwords, 1 << 18);
+        assert!(g.nshards <= 4096);
+        assert_eq!((g.nshards as u64) << g.shard_words_log2, 1 << 18);
+        let g = slab_geometry(64 * 100).unwrap();
+        assert_eq!(g.shard_words_log2, 2);
+        assert_eq!(g.nshards, 25);
+        assert!(slab_geometry(0).is_none());
+    }
+
+    #[test]
+    fn slab_layout_is_ordered_and_aligned() {
+        let g = slab_geometry(1000).unwrap();
+        let l = slab_layout(g, 1000, 48, 16).unwrap();
+        assert!(l.counters >= HANDLE_BYTES && l.shard_used >= l.counters + COUNTERS_BYTES);
+        assert!(l.words >= l.stats_end && l.words.is_multiple_of(8));
+        assert!(l.data >= l.meta_end && l.data.is_multiple_of(256));
+        assert_eq!(l.total, l.data + 48_000);
+        assert!(slab_layout(g, u64::MAX / 2, 4096, 4096).is_none());
+    }
+
+    #[test]
+    fn bump_chunks_only_when_roomy() {
+        assert_eq!(bump_chunk_log2(1 << 20, 256), None);
+        assert_eq!(bump_chunk_log2(1 << 30, 256), Some(20));
+        assert_eq!(bump_chunk_log2(1 << 34, 256), Some(20));
+        assert_eq!(bump_chunk_log2(1 << 24, 256), Some(14));
+    }
+}

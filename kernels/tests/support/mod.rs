@@ -1,0 +1,148 @@
+//! Heaps in host memory for the host-build tests: the same handle and arrays the GPU uses, made
+//! of `carve_kernels::sync` atomics (loom's under `--cfg carve_loom`).
+#![allow(dead_code)]
+
+use carve_kernels::heap_layout::*;
+use carve_kernels::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// A formatted heap segment whose arrays live in this struct.
+pub struct HostHeap {
+    pub handle: Box<HeapHandle>,
+    counters: Box<[AtomicU64]>,
+    used: Box<[AtomicU32]>,
+    peak: Box<[AtomicU32]>,
+    offset: Box<AtomicU64>,
+    words: Box<[AtomicU64]>,
+    data: Vec<u128>,
+}
+
+fn atomics64(n: usize) -> Box<[AtomicU64]> {
+    (0..n).map(|_| AtomicU64::new(0)).collect()
+}
+fn atomics32(n: usize) -> Box<[AtomicU32]> {
+    (0..n).map(|_| AtomicU32::new(0)).collect()
+}
+
+impl HostHeap {
+    /// A slab of `capacity` blocks of `block_size` bytes, with shards of `1 << shard_words_log2`
+    /// words (the host's geometry when `None`).
+    pub fn slab(capacity: u64, block_size: u64, shard_words_log2: Option<u32>, flags: u32) -> Self {
+        let mut g = slab_geometry(capacity).unwrap();
+        if let Some(l) = shard_words_log2 {
+            g.shard_words_log2 = l;
+            g.nshards = (g.nwords as u64).div_ceil(1 << l) as u32;
+        }
+        let data: Vec<u128> = vec![0; (capacity * block_size).div_ceil(16) as usize];
+        let mut heap = HostHeap {
+            handle: Box::new(HeapHandle::zeroed_handle()),
+            counters: atomics64(COUNTERS * COUNTER_SLOTS),
+            used: atomics32(g.nshards as usize),
+            peak: atomics32(g.nshards as usize),
+            offset: Box::new(AtomicU64::new(0)),
+            words: atomics64(g.nwords as usize),
+            data,
+        };
+        *heap.handle = HeapHandle {
+            magic: HEAP_MAGIC,
+            kind: KIND_SLAB,
+            block_size,
+            capacity,
+            data: heap.data.as_ptr() as u64,
+            counters: heap.counters.as_ptr() as u64,
+            shard_used: heap.used.as_ptr() as u64,
+            shard_peak: heap.peak.as_ptr() as u64,
+            words: heap.words.as_ptr() as u64,
+            nwords: g.nwords,
+            nshards: g.nshards,
+            shard_words_log2: g.shard_words_log2,
+            block_shift: if block_size.is_power_of_two() {
+                block_size.trailing_zeros()
+            } else {
+                u32::MAX
+            },
+            flags,
+            ..HeapHandle::zeroed_handle()
+        };
+        heap
+    }
+
+    /// A bump arena of `capacity` bytes with `nslots` chunk slots of `1 << chunk_log2` bytes.
+    pub fn bump(capacity: u64, nslots: u32, chunk_log2: u32) -> Self {
+        let data: Vec<u128> = vec![0; capacity.div_ceil(16) as usize];
+        let mut heap = HostHeap {
+            handle: Box::new(HeapHandle::zeroed_handle()),
+            counters: atomics64(COUNTERS * COUNTER_SLOTS),
+            used: atomics32(0),
+            peak: atomics32(0),
+            offset: Box::new(AtomicU64::new(0)),
+            words: atomics64(nslots as usize),
+            data,
+        };
+        *heap.handle = HeapHandle {
+            magic: HEAP_MAGIC,
+            kind: KIND_BUMP,
+            capacity,
+            data: heap.data.as_ptr() as u64,
+            counters: heap.counters.as_ptr() as u64,
+            shard_used: &*heap.offset as *const AtomicU64 as u64,
+            words: heap.words.as_ptr() as u64,
+            nwords: nslots,
+            shard_words_log2: chunk_log2,
+            ..HeapHandle::zeroed_handle()
+        };
+        heap
+    }
+
+    pub fn data_start(&self) -> u64 {
+        self.handle.data
+    }
+
+    /// Blocks counted as used, over all shards.
+    pub fn in_use(&self) -> u64 {
+        self.used
+            .iter()
+            .map(|u| u.load(Ordering::Relaxed) as u64)
+            .sum()
+    }
+
+    /// Sum of the shard peaks.
+    pub fn peak_sum(&self) -> u64 {
+        self.peak
+            .iter()
+            .map(|u| u.load(Ordering::Relaxed) as u64)
+            .sum()
+    }
+
+    /// Bitmap bits set.
+    pub fn bits_set(&self) -> u64 {
+        self.words
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed).count_ones() as u64)
+            .sum()
+    }
+
+    pub fn counter(&self, which: usize) -> u64 {
+        self.counters[which * COUNTER_SLOTS..(which + 1) * COUNTER_SLOTS]
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    pub fn bump_offset(&self) -> u64 {
+        self.offset.load(Ordering::Relaxed)
+    }
+}
+
+// SAFETY: the test heap outlives every use, and blocks are used only by their owner.
+unsafe impl Send for HostHeap {}
+// SAFETY: the test heap outlives every use, and blocks are used only by their owner.
+unsafe impl Sync for HostHeap {}
+
+trait Zeroed {
+    fn zeroed_handle() -> Self;
+}
+impl Zeroed for HeapHandle {
+    fn zeroed_handle() -> Self {
+        bytemuck::Zeroable::zeroed()
+    }
+}

@@ -1,0 +1,105 @@
+//! Launchers for the device-heap kernels in carve's PTX (`kernels/src/heap_entry.rs`): used by
+//! the GPU tests and `carve bench device-alloc`, and an example of calling the heap from Rust.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use crate::driver::{Device, Stream};
+use crate::error::{Error, Result};
+
+/// Threads per block of every heap launch.
+pub const BLOCK: u32 = 256;
+
+/// Typed launchers; every `u64` pointer argument is a device address.
+#[derive(Debug)]
+pub struct HeapKernels<'a> {
+    stream: &'a Stream,
+}
+
+fn config(n: u64) -> Result<LaunchConfig> {
+    let blocks = n.div_ceil(BLOCK as u64).max(1);
+    let blocks = u32::try_from(blocks)
+        .map_err(|_| Error::InvalidArgument(format!("{n} threads exceed one 1-D grid")))?;
+    Ok(LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+macro_rules! launcher {
+    ($(#[$doc:meta])* $name:ident => $kernel:literal ($($arg:ident: $ty:ty),*)) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// The pointers must be what the kernel's documentation in `heap_entry.rs` asks for, and
+        /// stay valid until the launch completes on the stream.
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $name(&self, threads: u64, $($arg: $ty),*) -> Result<()> {
+            let f = self.stream.device().kernels()?.function($kernel)?;
+            let mut launch = self.stream.cudarc().launch_builder(&f);
+            $(launch.arg(&$arg);)*
+            // SAFETY: the argument list matches the kernel's signature; the caller vouches for
+            // the memory.
+            unsafe { launch.launch(config(threads)?) }
+                .map(drop)
+                .map_err(|e| Error::driver("cuLaunchKernel", e))
+        }
+    };
+}
+
+impl<'a> HeapKernels<'a> {
+    /// Launchers on `stream`.
+    pub fn new(stream: &'a Stream) -> Self {
+        HeapKernels { stream }
+    }
+
+    /// The device the launches run on.
+    pub fn device(&self) -> &Device {
+        self.stream.device()
+    }
+
+    launcher!(
+        /// Thread `i < n` allocates one block of the slab at `heap` into `out[i]`.
+        slab_alloc => "carve_heap_slab_alloc"(heap: u64, out: u64, n: u64)
+    );
+    launcher!(
+        /// Thread `i < n` frees `ptrs[i]` into the slab at `heap`.
+        slab_free => "carve_heap_slab_free"(heap: u64, ptrs: u64, n: u64)
+    );
+    launcher!(
+        /// One round of racing allocations and frees (see `carve_heap_slab_churn`).
+        slab_churn => "carve_heap_slab_churn"(heap: u64, ptrs: u64, n: u64, bytes: u64, round: u32, bad: u64)
+    );
+    launcher!(
+        /// Thread `i < n` bump-allocates `bytes` aligned to `align` into `out[i]`.
+        bump_alloc => "carve_heap_bump_alloc"(heap: u64, out: u64, n: u64, bytes: u64, align: u64)
+    );
+    launcher!(
+        /// As `bump_alloc`, keeping no pointer (benchmarks).
+        bump_alloc_sink => "carve_heap_bump_alloc_sink"(heap: u64, n: u64, bytes: u64, align: u64, sink: u64)
+    );
+    launcher!(
+        /// Thread `i` writes its pattern over the `bytes` at `ptrs[i]` (if not 0).
+        pattern_fill => "carve_heap_pattern_fill"(ptrs: u64, n: u64, bytes: u64)
+    );
+    launcher!(
+        /// Counts into `bad[0]` the threads whose pattern was overwritten.
+        pattern_check => "carve_heap_pattern_check"(ptrs: u64, n: u64, bytes: u64, bad: u64)
+    );
+    launcher!(
+        /// Does nothing: the launch floor.
+        empty => "carve_bench_empty"()
+    );
+    launcher!(
+        /// One `atomicAdd(counter, bytes)` per thread.
+        atomic_add => "carve_bench_atomic_add"(counter: u64, n: u64, bytes: u64, sink: u64)
+    );
+    launcher!(
+        /// CUDA's in-kernel `malloc(bytes)` per thread into `out[i]`.
+        cuda_malloc => "carve_bench_malloc"(out: u64, n: u64, bytes: u64)
+    );
+    launcher!(
+        /// CUDA's in-kernel `free(ptrs[i])` per thread.
+        cuda_free => "carve_bench_free"(ptrs: u64, n: u64)
+    );
+}

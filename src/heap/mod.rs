@@ -1,0 +1,422 @@
+//! The device heap: a region reserved from any [`MemoryResource`], from which kernel threads
+//! allocate blocks (the slab) or byte ranges (the bump arena). The algorithms are in
+//! `carve_kernels::{slab, bump}`; this module reserves, formats, reads back and grows heaps.
+//!
+//! - **Format** is a memset of the metadata and one 128-byte copy of the [`HeapHandle`]: no kernel.
+//! - **Kernels** get the heap's device address ([`DeviceHeap::device_ptr`]), which is the address
+//!   of its handle, and call `carve_slab_alloc(heap)` / `carve_slab_free(heap, p)` /
+//!   `carve_bump_alloc(heap, bytes, align)` (see `kernels/carve_heap.h`).
+//! - **Statistics** are one copy of each segment's metadata prefix ([`DeviceHeap::stats`]).
+//! - **Growth** appends a segment and links it from the last one's `next`; blocks already handed
+//!   out never move.
+
+mod launch;
+mod stats;
+
+pub use launch::HeapKernels;
+pub use stats::HeapStats;
+
+use std::ptr::NonNull;
+
+use carve_kernels::heap_layout::{self as layout, HeapHandle, RegionLayout};
+use cudarc::driver::{result, sys};
+
+use crate::driver::Stream;
+use crate::error::{Error, Result};
+use crate::resource::{MemoryResource, SharedResource, DEFAULT_ALIGNMENT};
+
+/// Which allocator a heap runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeapKind {
+    /// Fixed-size blocks, allocated and freed by kernels.
+    Slab { block_size: u64 },
+    /// Byte ranges, allocated by kernels and released all at once by [`DeviceHeap::reset`].
+    Bump,
+}
+
+/// Chunk slots of a bump arena: one per SM on any current GPU (the SM id picks the slot).
+const BUMP_SLOTS: u32 = 256;
+
+#[derive(Debug)]
+struct Segment {
+    ptr: NonNull<u8>,
+    layout: RegionLayout,
+    handle: HeapHandle,
+}
+
+/// A heap in device memory that kernels allocate from. Its segments go back to the resource on
+/// drop (ordered on the heap's stream).
+#[derive(Debug)]
+pub struct DeviceHeap {
+    kind: HeapKind,
+    flags: u32,
+    resource: SharedResource,
+    stream: Stream,
+    segments: Vec<Segment>,
+}
+
+// SAFETY: the heap owns its regions; the host touches them only through stream-ordered driver
+// copies, and `&DeviceHeap` exposes no mutation.
+unsafe impl Send for DeviceHeap {}
+// SAFETY: as above.
+unsafe impl Sync for DeviceHeap {}
+
+impl DeviceHeap {
+    /// A slab of `capacity` blocks of `block_size` bytes (a multiple of 16), reserved from
+    /// `resource` and ordered on `stream`. Frees are checked (double frees are counted, not
+    /// trusted); see [`DeviceHeap::slab_unchecked`].
+    pub fn slab(
+        resource: SharedResource,
+        stream: &Stream,
+        capacity: u64,
+        block_size: u64,
+    ) -> Result<Self> {
+        Self::new_slab(
+            resource,
+            stream,
+            capacity,
+            block_size,
+            layout::FLAG_CHECKED_FREES,
+        )
+    }
+
+    /// As [`DeviceHeap::slab`], but frees trust the caller: one fire-and-forget atomic per word
+    /// group, and a double free corrupts the block counts (never the bitmap).
+    pub fn slab_unchecked(
+        resource: SharedResource,
+        stream: &Stream,
+        capacity: u64,
+        block_size: u64,
+    ) -> Result<Self> {
+        Self::new_slab(resource, stream, capacity, block_size, 0)
+    }
+
+    fn new_slab(
+        resource: SharedResource,
+        stream: &Stream,
+        capacity: u64,
+        block_size: u64,
+        flags: u32,
+    ) -> Result<Self> {
+        check_block_size(block_size)?;
+        let mut heap = DeviceHeap {
+            kind: HeapKind::Slab { block_size },
+            flags,
+            resource,
+            stream: stream.clone(),
+            segments: Vec::new(),
+        };
+        heap.check_resource()?;
+        heap.push_segment(capacity)?;
+        Ok(heap)
+    }
+
+    /// A bump arena of `capacity` bytes reserved from `resource`, ordered on `stream`.
+    pub fn bump(resource: SharedResource, stream: &Stream, capacity: u64) -> Result<Self> {
+        let mut heap = DeviceHeap {
+            kind: HeapKind::Bump,
+            flags: 0,
+            resource,
+            stream: stream.clone(),
+            segments: Vec::new(),
+        };
+        heap.check_resource()?;
+        heap.push_segment(capacity)?;
+        Ok(heap)
+    }
+
+    /// The heap's kind.
+    pub fn kind(&self) -> HeapKind {
+        self.kind
+    }
+
+    /// The device address to pass to kernels (the first segment's handle).
+    pub fn device_ptr(&self) -> u64 {
+        self.segments[0].ptr.as_ptr() as u64
+    }
+
+    /// The first segment's handle, as written to the device.
+    pub fn handle(&self) -> &HeapHandle {
+        &self.segments[0].handle
+    }
+
+    /// Total capacity over all segments: blocks (slab) or bytes (bump).
+    pub fn capacity(&self) -> u64 {
+        self.segments.iter().map(|s| s.handle.capacity).sum()
+    }
+
+    /// The stream the heap's formatting, statistics and release are ordered on.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// Adds a segment of `capacity` more blocks (slab) or bytes (bump). Kernels launched after
+    /// this (on the heap's stream, or synchronised with it) allocate from it once the earlier
+    /// segments are full. Must not run while a kernel uses the heap.
+    pub fn grow(&mut self, capacity: u64) -> Result<()> {
+        self.push_segment(capacity)
+    }
+
+    /// Reads the statistics back (one copy per segment), waiting for the heap's stream.
+    pub fn stats(&self) -> Result<HeapStats> {
+        let mut total = HeapStats::empty(self.kind);
+        for seg in &self.segments {
+            let mut prefix = vec![0u8; seg.layout.stats_end];
+            self.copy_out(seg.ptr, &mut prefix)?;
+            total.add(&HeapStats::parse(
+                self.kind,
+                &seg.handle,
+                &seg.layout,
+                &prefix,
+            ));
+        }
+        Ok(total)
+    }
+
+    /// Forgets every allocation: the bump arena starts over, a slab is empty again. Statistics
+    /// restart too. Blocks handed out before must not be used after this.
+    pub fn reset(&self) -> Result<()> {
+        for seg in &self.segments {
+            self.memset_meta(seg)?;
+        }
+        self.stream.synchronize()
+    }
+
+    fn check_resource(&self) -> Result<()> {
+        if !self.resource.properties().device_accessible {
+            return Err(Error::InvalidArgument(format!(
+                "a device heap needs device-accessible memory; {:?} is not",
+                self.resource
+            )));
+        }
+        Ok(())
+    }
+
+    fn push_segment(&mut self, capacity: u64) -> Result<()> {
+        if capacity == 0 {
+            return Err(Error::ZeroSize);
+        }
+        let (handle, region) = match self.kind {
+            HeapKind::Slab { block_size } => slab_plan(capacity, block_size, self.flags)?,
+            HeapKind::Bump => bump_plan(capacity)?,
+        };
+        self.stream.device().bind()?;
+        let ptr = self
+            .resource
+            .allocate(self.stream.as_ref(), region.total, DEFAULT_ALIGNMENT)?;
+        let mut seg = Segment {
+            ptr,
+            layout: region,
+            handle,
+        };
+        relocate(&mut seg.handle, &region, ptr.as_ptr() as u64);
+        if let Err(e) = self.format(&seg) {
+            // SAFETY: allocated just above with these arguments, never published.
+            let _ = unsafe {
+                self.resource
+                    .deallocate(self.stream.as_ref(), ptr, region.total, DEFAULT_ALIGNMENT)
+            };
+            return Err(e);
+        }
+        if let Some(last) = self.segments.last_mut() {
+            last.handle.next = ptr.as_ptr() as u64;
+            let at = last.ptr.as_ptr() as u64 + std::mem::offset_of!(HeapHandle, next) as u64;
+            let next = [last.handle.next];
+            copy_in(&self.stream, at, bytemuck::cast_slice(&next))?;
+            self.stream.synchronize()?;
+        }
+        self.segments.push(seg);
+        Ok(())
+    }
+
+    fn format(&self, seg: &Segment) -> Result<()> {
+        self.memset_meta(seg)?;
+        copy_in(
+            &self.stream,
+            seg.ptr.as_ptr() as u64,
+            bytemuck::bytes_of(&seg.handle),
+        )?;
+        // The handle lives on our stack: wait before it goes.
+        self.stream.synchronize()
+    }
+
+    fn memset_meta(&self, seg: &Segment) -> Result<()> {
+        let start = seg.layout.counters;
+        self.stream.device().bind()?;
+        // SAFETY: [counters, meta_end) lies inside the segment's region, which we own.
+        unsafe {
+            result::memset_d8_async(
+                seg.ptr.as_ptr() as u64 + start as u64,
+                0,
+                seg.layout.meta_end - start,
+                self.stream.as_ref().as_raw(),
+            )
+        }
+        .map_err(|e| Error::driver("cuMemsetD8Async", e))
+    }
+
+    fn copy_out(&self, ptr: NonNull<u8>, dst: &mut [u8]) -> Result<()> {
+        self.stream.device().bind()?;
+        // SAFETY: `dst.len()` bytes from the region's start lie inside it; we wait before `dst`
+        // is read.
+        unsafe {
+            result::memcpy_dtoh_async(
+                dst,
+                ptr.as_ptr() as sys::CUdeviceptr,
+                self.stream.as_ref().as_raw(),
+            )
+        }
+        .map_err(|e| Error::driver("cuMemcpyDtoHAsync", e))?;
+        self.stream.synchronize()
+    }
+}
+
+impl Drop for DeviceHeap {
+    fn drop(&mut self) {
+        for seg in self.segments.drain(..) {
+            // SAFETY: each region came from this resource with these arguments, once; kernels
+            // using it are ordered before the free on the heap's stream.
+            let _ = unsafe {
+                self.resource.deallocate(
+                    self.stream.as_ref(),
+                    seg.ptr,
+                    seg.layout.total,
+                    DEFAULT_ALIGNMENT,
+                )
+            };
+        }
+    }
+}
+
+fn check_block_size(block_size: u64) -> Result<()> {
+    if block_size < layout::MIN_BLOCK || block_size % layout::MIN_BLOCK != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "slab block size {block_size} is not a positive multiple of {}",
+            layout::MIN_BLOCK
+        )));
+    }
+    Ok(())
+}
+
+/// Block alignment: the block size when it is a power of two (up to 4 KiB), else 16.
+fn block_align(block_size: u64) -> u64 {
+    if block_size.is_power_of_two() {
+        block_size.min(layout::MAX_BLOCK_ALIGN)
+    } else {
+        layout::MIN_BLOCK
+    }
+}
+
+/// The handle (addresses relative to 0) and layout of a slab segment.
+fn slab_plan(capacity: u64, block_size: u64, flags: u32) -> Result<(HeapHandle, RegionLayout)> {
+    check_block_size(block_size)?;
+    let too_big = || Error::SizeOverflow {
+        bytes: usize::MAX,
+        align: block_align(block_size) as usize,
+    };
+    let g = layout::slab_geometry(capacity).ok_or_else(too_big)?;
+    let region = layout::slab_layout(g, capacity, block_size, block_align(block_size))
+        .ok_or_else(too_big)?;
+    let handle = HeapHandle {
+        magic: layout::HEAP_MAGIC,
+        kind: layout::KIND_SLAB,
+        block_size,
+        capacity,
+        nwords: g.nwords,
+        nshards: g.nshards,
+        shard_words_log2: g.shard_words_log2,
+        block_shift: if block_size.is_power_of_two() {
+            block_size.trailing_zeros()
+        } else {
+            u32::MAX
+        },
+        flags,
+        ..bytemuck::Zeroable::zeroed()
+    };
+    Ok((handle, region))
+}
+
+/// The handle and layout of a bump segment; chunking only where the arena is roomy and small
+/// enough for 32-bit chunk tags.
+fn bump_plan(capacity: u64) -> Result<(HeapHandle, RegionLayout)> {
+    let chunk = layout::bump_chunk_log2(capacity, BUMP_SLOTS)
+        .filter(|_| capacity / carve_kernels::bump::GRANULE < u32::MAX as u64 - 1);
+    let nslots = if chunk.is_some() { BUMP_SLOTS } else { 0 };
+    let region = layout::bump_layout(capacity, nslots).ok_or(Error::SizeOverflow {
+        bytes: usize::MAX,
+        align: DEFAULT_ALIGNMENT,
+    })?;
+    let handle = HeapHandle {
+        magic: layout::HEAP_MAGIC,
+        kind: layout::KIND_BUMP,
+        capacity,
+        nwords: nslots,
+        shard_words_log2: chunk.unwrap_or(0),
+        ..bytemuck::Zeroable::zeroed()
+    };
+    Ok((handle, region))
+}
+
+/// Points the handle's arrays into the region at `base`.
+fn relocate(h: &mut HeapHandle, l: &RegionLayout, base: u64) {
+    h.data = base + l.data as u64;
+    h.counters = base + l.counters as u64;
+    h.shard_used = base + l.shard_used as u64;
+    h.shard_peak = if h.kind == layout::KIND_SLAB {
+        base + l.shard_peak as u64
+    } else {
+        0
+    };
+    h.words = base + l.words as u64;
+}
+
+fn copy_in(stream: &Stream, dst: u64, src: &[u8]) -> Result<()> {
+    stream.device().bind()?;
+    // SAFETY: callers pass a destination inside a region they own, `src.len()` bytes long, and
+    // synchronise before `src` goes away.
+    unsafe { result::memcpy_htod_async(dst, src, stream.as_ref().as_raw()) }
+        .map_err(|e| Error::driver("cuMemcpyHtoDAsync", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_pin_the_arrays_inside_the_region() {
+        let (mut h, l) = slab_plan(1000, 48, layout::FLAG_CHECKED_FREES).unwrap();
+        relocate(&mut h, &l, 0x10_0000);
+        assert_eq!(h.data, 0x10_0000 + l.data as u64);
+        assert_eq!(h.block_shift, u32::MAX);
+        assert!(l.total as u64 >= 1000 * 48);
+        let (h, l) = bump_plan(1 << 30).unwrap();
+        assert_eq!(h.nwords, BUMP_SLOTS);
+        assert_eq!(h.shard_words_log2, 20);
+        assert!(l.meta_end >= l.words + 8 * BUMP_SLOTS as usize);
+        let (h, _) = bump_plan(4096).unwrap();
+        assert_eq!(h.nwords, 0, "too small to chunk");
+    }
+
+    #[test]
+    fn bad_requests_are_typed_errors() {
+        assert!(matches!(
+            slab_plan(10, 8, 0),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            slab_plan(10, 24, 0),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            slab_plan(u64::MAX / 8, 4096, 0),
+            Err(Error::SizeOverflow { .. })
+        ));
+        assert!(matches!(
+            bump_plan(u64::MAX - 10),
+            Err(Error::SizeOverflow { .. })
+        ));
+        assert_eq!(block_align(64), 64);
+        assert_eq!(block_align(1 << 20), 4096);
+        assert_eq!(block_align(48), 16);
+    }
+}
