@@ -40,6 +40,10 @@ pub use buffer::{DeviceBuffer, DeviceVec};
 pub use driver::{Device, Event, Stream};
 pub use error::{Error, Result};
 pub use resource::{
+    AsyncMemoryResource, AsyncPoolOptions, Location, ManagedBuffer, ManagedMemoryResource,
+    PinnedBuffer, PinnedFlags, PinnedHostMemoryResource,
+};
+pub use resource::{
     CudaMemoryResource, HostMemoryResource, MemoryResource, Properties, SharedResource,
 };
 pub use stream::StreamRef;

@@ -4,11 +4,22 @@
 //! upstream of another: adaptors and suballocators own an upstream `R: MemoryResource`.
 //! `Arc<dyn MemoryResource>` ([`SharedResource`]) is itself a resource, for type-erased stacks.
 
+mod async_pool;
 mod cuda;
 mod host;
+mod ledger;
+mod location;
+mod managed;
+mod pinned;
 
+pub use async_pool::{AsyncMemoryResource, AsyncPoolOptions, PoolAccess, PoolStats};
 pub use cuda::CudaMemoryResource;
 pub use host::HostMemoryResource;
+pub use location::{check_ordinal, Location};
+pub use managed::{Advice, ManagedBuffer, ManagedMemoryResource, ManagedRange, RangeAttributes};
+pub use pinned::{
+    HostRegistration, PinnedBuffer, PinnedFlags, PinnedHostMemoryResource, PINNED_ALIGNMENT,
+};
 
 use std::fmt;
 use std::ptr::NonNull;
