@@ -150,6 +150,7 @@ mod tests {
         ));
         // SAFETY: correct free, then a double free that must be refused.
         unsafe { mr.deallocate(s, p, 64, 8) }.unwrap();
+        // SAFETY: the double free is refused before the system allocator sees it.
         let twice = unsafe { mr.deallocate(s, p, 64, 8) };
         assert!(matches!(twice, Err(Error::UnknownPointer { .. })));
         assert_eq!(mr.allocation_count(), 0);
