@@ -2,6 +2,12 @@
 //!
 //! The default is a [`CudaMemoryResource`] on that device. Buffers capture the resource when
 //! they allocate, so replacing the current resource never changes where a live buffer frees.
+//! [`reinitialize`] sets several devices up in one call, as `rmm.reinitialize` does.
+
+mod reinit;
+
+pub use crate::driver::mem_info;
+pub use reinit::{build, reinitialize, ReinitializeOptions};
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};

@@ -56,6 +56,10 @@ pub enum Error {
         allocated: usize,
         freed: usize,
     },
+    /// A managed-memory operation (prefetch, advice, range query) on memory that
+    /// `cuMemAllocManaged` did not allocate.
+    #[error("{ptr:#x} is not managed memory (cuMemAllocManaged)")]
+    NotManaged { ptr: usize },
     /// Any other argument a call cannot accept.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -50,6 +50,10 @@ pub use resource::{
     HostMemoryResource, MemoryResource, PoolMemoryResource, Properties, SharedResource,
     SimulatedMemoryResource,
 };
+pub use resource::{
+    AsyncMemoryResource, AsyncPoolOptions, Location, ManagedBuffer, ManagedMemoryResource,
+    PinnedBuffer, PinnedFlags, PinnedHostMemoryResource,
+};
 pub use stream::StreamRef;
 
 /// Re-exported so users name the same cudarc version carve links.

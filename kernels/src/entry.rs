@@ -77,3 +77,18 @@ pub unsafe extern "ptx-kernel" fn carve_check_blocks(
         counter.fetch_add(wrong, crate::sync::atomic::Ordering::Relaxed);
     }
 }
+/// Smoke test that reads and writes: thread `i < n` adds `delta` to `data[i]` (wrapping).
+///
+/// # Safety
+/// `data` must point to `n` readable and writable `u32`s in device-accessible memory.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn carve_smoke_add(data: *mut u32, n: u32, delta: u32) {
+    let i = nvptx::global_thread_index();
+    if i < n as u64 {
+        // SAFETY: i < n, and the caller gave n elements.
+        unsafe {
+            let p = data.add(i as usize);
+            p.write(p.read().wrapping_add(delta));
+        }
+    }
+}

@@ -33,6 +33,11 @@ pub fn init() -> Result<()> {
     .map_err(Error::NoDriver)
 }
 
+/// Free and total memory of device `ordinal` (`cuMemGetInfo`).
+pub fn mem_info(ordinal: usize) -> Result<MemInfo> {
+    Device::get(ordinal)?.mem_info()
+}
+
 /// True when a driver loads and reports at least one device.
 pub fn is_available() -> bool {
     Device::count().is_ok_and(|n| n > 0)

@@ -56,4 +56,22 @@ impl Kernels {
             .map(drop)
             .map_err(|e| Error::driver("cuLaunchKernel", e))
     }
+
+    /// Launches the read-modify-write smoke kernel: `data[i] = data[i].wrapping_add(delta)` for
+    /// `i < n`.
+    ///
+    /// # Safety
+    /// `data` must be device-accessible memory of at least `n` initialised `u32`s, not used
+    /// concurrently by other work, and valid until the launch completes on `stream`.
+    pub unsafe fn smoke_add(&self, stream: &Stream, data: u64, n: u32, delta: u32) -> Result<()> {
+        let f = self.function("carve_smoke_add")?;
+        let cfg = LaunchConfig::for_num_elems(n.max(1));
+        let mut launch = stream.cudarc().launch_builder(&f);
+        launch.arg(&data).arg(&n).arg(&delta);
+        // SAFETY: the signature matches `carve_smoke_add(*mut u32, u32, u32)`; the caller vouches
+        // for the memory.
+        unsafe { launch.launch(cfg) }
+            .map(drop)
+            .map_err(|e| Error::driver("cuLaunchKernel", e))
+    }
 }

@@ -5,6 +5,7 @@
 //! `Arc<dyn MemoryResource>` ([`SharedResource`]) is itself a resource, for type-erased stacks.
 
 mod arena;
+mod async_pool;
 mod binning;
 mod cuda;
 mod fixed_size;
@@ -15,9 +16,20 @@ mod stream_order;
 
 pub use arena::{ArenaMemoryResource, ArenaOptions, ArenaStats};
 pub use binning::{Bin, BinningMemoryResource};
+mod ledger;
+mod location;
+mod managed;
+mod pinned;
+
+pub use async_pool::{AsyncMemoryResource, AsyncPoolOptions, AsyncPoolStats, PoolAccess};
 pub use cuda::CudaMemoryResource;
 pub use fixed_size::{FixedSizeMemoryResource, FixedSizeOptions, FixedSizeStats};
 pub use host::HostMemoryResource;
+pub use location::{check_ordinal, Location};
+pub use managed::{Advice, ManagedBuffer, ManagedMemoryResource, ManagedRange, RangeAttributes};
+pub use pinned::{
+    HostRegistration, PinnedBuffer, PinnedFlags, PinnedHostMemoryResource, PINNED_ALIGNMENT,
+};
 pub use pool::{PoolMemoryResource, PoolOptions, PoolStats};
 pub use simulated::{SimulatedMemoryResource, SimulatedUsage};
 pub use stream_order::{CudaOrder, HostOrder, OrderEvent, RecordingOrder, StreamOrder};

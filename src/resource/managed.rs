@@ -1,0 +1,292 @@
+//! `cuMemAllocManaged` (global attach): unified memory that kernels and the host both reach, as a
+//! resource, an owned host-viewable buffer, and the prefetch/advice helpers of [`ops`].
+
+mod ops;
+
+pub use ops::{Advice, ManagedRange, RangeAttributes};
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use cudarc::driver::sys;
+
+use super::ledger::Ledger;
+use super::location::Location;
+use super::{check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
+use crate::driver::{Device, Stream};
+use crate::error::{Error, Result};
+use crate::stream::StreamRef;
+
+const NAME: &str = "ManagedMemoryResource";
+
+/// Managed memory, allocated with global attach so every stream and device may use it.
+///
+/// Each call is a synchronous driver call. The resource records its blocks, so foreign pointers,
+/// double frees and size mismatches are typed errors.
+#[derive(Clone)]
+pub struct ManagedMemoryResource {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    device: Device,
+    ledger: Ledger,
+}
+
+impl ManagedMemoryResource {
+    /// A resource whose driver calls run in `device`'s context; [`Error::Unsupported`] when the
+    /// device cannot allocate managed memory.
+    pub fn new(device: &Device) -> Result<Self> {
+        if device.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY)? == 0 {
+            return Err(Error::Unsupported(format!(
+                "device {} does not support managed memory",
+                device.ordinal()
+            )));
+        }
+        Ok(ManagedMemoryResource {
+            inner: Arc::new(Inner {
+                device: device.clone(),
+                ledger: Ledger::new(NAME, None),
+            }),
+        })
+    }
+
+    /// A resource on device `ordinal`.
+    pub fn on(ordinal: usize) -> Result<Self> {
+        Self::new(&Device::get(ordinal)?)
+    }
+
+    /// The device whose context it allocates in.
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// Bytes in live blocks of this resource and its clones.
+    pub fn allocated_bytes(&self) -> usize {
+        self.inner.ledger.in_use()
+    }
+
+    /// Number of live blocks.
+    pub fn allocation_count(&self) -> usize {
+        self.inner.ledger.count()
+    }
+}
+
+// SAFETY: the driver returns distinct live allocations of the requested size, 256-byte aligned;
+// larger alignments are refused. The ledger frees each block once.
+unsafe impl MemoryResource for ManagedMemoryResource {
+    fn allocate(&self, _stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+        let align = check_request(bytes, align, 1)?;
+        if align > DEFAULT_ALIGNMENT {
+            return Err(Error::Unsupported(format!(
+                "{NAME} guarantees {DEFAULT_ALIGNMENT}-byte alignment, not {align}"
+            )));
+        }
+        let admission = self.inner.ledger.admit(bytes)?;
+        self.inner.device.bind()?;
+        let mut dptr: sys::CUdeviceptr = 0;
+        // SAFETY: a context is current; `dptr` is a valid out-slot.
+        let r = unsafe {
+            sys::cuMemAllocManaged(
+                &mut dptr,
+                bytes,
+                sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32,
+            )
+        };
+        match r {
+            sys::CUresult::CUDA_SUCCESS => {}
+            sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                return Err(Error::OutOfMemory {
+                    bytes,
+                    resource: NAME,
+                    detail: "cuMemAllocManaged found no room".into(),
+                })
+            }
+            e => {
+                return Err(Error::driver(
+                    "cuMemAllocManaged",
+                    cudarc::driver::DriverError(e),
+                ))
+            }
+        }
+        let ptr = NonNull::new(dptr as *mut u8)
+            .ok_or_else(|| Error::Unsupported("cuMemAllocManaged returned null".into()))?;
+        admission.commit(ptr);
+        Ok(ptr)
+    }
+
+    unsafe fn deallocate(
+        &self,
+        _stream: StreamRef,
+        ptr: NonNull<u8>,
+        bytes: usize,
+        _align: usize,
+    ) -> Result<()> {
+        self.inner.ledger.remove(ptr, bytes)?;
+        let freed = self.inner.device.bind().and_then(|()| {
+            // SAFETY: the ledger confirmed the block is ours and live. cuMemFree waits for the
+            // device, which subsumes the stream order.
+            unsafe { sys::cuMemFree_v2(ptr.as_ptr() as sys::CUdeviceptr) }
+                .result()
+                .map_err(|e| Error::driver("cuMemFree", e))
+        });
+        if freed.is_err() {
+            self.inner.ledger.restore(ptr, bytes);
+        }
+        freed
+    }
+
+    fn properties(&self) -> Properties {
+        Properties::BOTH
+    }
+}
+
+impl fmt::Debug for ManagedMemoryResource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(NAME)
+            .field("device", &self.inner.device.ordinal())
+            .field("allocated_bytes", &self.allocated_bytes())
+            .finish()
+    }
+}
+
+/// An owned array of `T` in managed memory, readable and writable from the host as a slice and
+/// from kernels through [`device_ptr`](Self::device_ptr).
+///
+/// Host views must not overlap device work on the same memory: synchronise the streams whose
+/// kernels touch it before borrowing a slice (kernel launches are `unsafe` and promise that).
+pub struct ManagedBuffer<T: Pod> {
+    ptr: Option<NonNull<u8>>,
+    len: usize,
+    resource: ManagedMemoryResource,
+    _marker: PhantomData<T>,
+}
+
+// SAFETY: the buffer uniquely owns its block; `T: Pod` is plain data.
+unsafe impl<T: Pod> Send for ManagedBuffer<T> {}
+// SAFETY: `&self` gives shared reads only.
+unsafe impl<T: Pod> Sync for ManagedBuffer<T> {}
+
+impl<T: Pod> ManagedBuffer<T> {
+    /// `len` zeroed elements (zeroed by the host, so the pages start on the CPU).
+    pub fn zeroed(resource: &ManagedMemoryResource, len: usize) -> Result<Self> {
+        let bytes = len.checked_mul(size_of::<T>()).ok_or(Error::SizeOverflow {
+            bytes: usize::MAX,
+            align: align_of::<T>(),
+        })?;
+        let align = align_of::<T>().max(DEFAULT_ALIGNMENT);
+        let ptr = match bytes {
+            0 => None,
+            _ => {
+                let p = resource.allocate(StreamRef::DEFAULT, bytes, align)?;
+                // SAFETY: `bytes` host-accessible bytes were just allocated and nothing else
+                // uses them yet.
+                unsafe { p.as_ptr().write_bytes(0, bytes) };
+                Some(p)
+            }
+        };
+        Ok(ManagedBuffer {
+            ptr,
+            len,
+            resource: resource.clone(),
+            _marker: PhantomData,
+        })
+    }
+
+    /// A copy of `data` in managed memory.
+    pub fn from_slice(resource: &ManagedMemoryResource, data: &[T]) -> Result<Self> {
+        let mut b = Self::zeroed(resource, data.len())?;
+        b.as_mut_slice().copy_from_slice(data);
+        Ok(b)
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The address kernels use (the same as the host's; 0 when empty).
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr.map_or(0, |p| p.as_ptr() as u64)
+    }
+
+    /// The host view.
+    pub fn as_slice(&self) -> &[T] {
+        match self.ptr {
+            // SAFETY: `len` initialised `T`s (zeroed at creation; Pod admits any bytes), aligned
+            // to at least `align_of::<T>()`, owned by `self`.
+            Some(p) => unsafe { std::slice::from_raw_parts(p.as_ptr().cast::<T>(), self.len) },
+            None => &[],
+        }
+    }
+
+    /// The mutable host view.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        match self.ptr {
+            // SAFETY: as for `as_slice`, and `&mut self` makes the borrow unique.
+            Some(p) => unsafe { std::slice::from_raw_parts_mut(p.as_ptr().cast::<T>(), self.len) },
+            None => &mut [],
+        }
+    }
+
+    /// The whole buffer as a managed range ([`Error::ZeroSize`] when empty).
+    pub fn range(&self) -> Result<ManagedRange> {
+        ManagedRange::new(self.device_ptr(), self.len * size_of::<T>())
+    }
+
+    /// Prefetches the whole buffer to `location` on `stream`.
+    pub fn prefetch(&self, location: Location, stream: &Stream) -> Result<()> {
+        self.range()?.prefetch(location, stream)
+    }
+
+    /// Advises the driver about the whole buffer.
+    pub fn advise(&self, advice: Advice) -> Result<()> {
+        self.range()?.advise(advice)
+    }
+
+    /// The whole buffer's range attributes.
+    pub fn attributes(&self) -> Result<RangeAttributes> {
+        self.range()?.attributes()
+    }
+
+    /// Frees now, reporting what dropping would have to swallow.
+    pub fn free(mut self) -> Result<()> {
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<()> {
+        let Some(p) = self.ptr.take() else {
+            return Ok(());
+        };
+        let align = align_of::<T>().max(DEFAULT_ALIGNMENT);
+        // SAFETY: allocated by this resource with this size and alignment; `take` frees it once.
+        unsafe {
+            self.resource
+                .deallocate_sync(p, self.len * size_of::<T>(), align)
+        }
+    }
+}
+
+impl<T: Pod> Drop for ManagedBuffer<T> {
+    fn drop(&mut self) {
+        // Drop cannot report: callers who care use `free`.
+        let _ = self.release();
+    }
+}
+
+impl<T: Pod> fmt::Debug for ManagedBuffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ManagedBuffer")
+            .field("ptr", &format_args!("{:#x}", self.device_ptr()))
+            .field("len", &self.len)
+            .finish()
+    }
+}

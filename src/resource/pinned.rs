@@ -1,0 +1,314 @@
+//! Pinned (page-locked) host memory: `cuMemHostAlloc` as a resource, an owned buffer with safe
+//! host views and, when device-mapped, a device pointer; and registration of existing memory
+//! ([`HostRegistration`]).
+
+mod flags;
+mod register;
+
+pub use flags::PinnedFlags;
+pub use register::HostRegistration;
+
+use std::ffi::c_void;
+use std::fmt;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use cudarc::driver::sys;
+
+use super::ledger::Ledger;
+use super::{check_request, MemoryResource, Properties};
+use crate::driver::Device;
+use crate::error::{Error, Result};
+use crate::stream::StreamRef;
+
+const NAME: &str = "PinnedHostMemoryResource";
+
+/// The alignment `cuMemHostAlloc` gives: whole pages.
+pub const PINNED_ALIGNMENT: usize = 4096;
+
+/// Page-locked host memory from `cuMemHostAlloc`, with [`PinnedFlags`].
+///
+/// Host-accessible always; device-accessible (reported by [`MemoryResource::properties`]) when
+/// device-mapped. Freeing waits for the stream given, then calls `cuMemFreeHost`.
+#[derive(Clone)]
+pub struct PinnedHostMemoryResource {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    device: Device,
+    flags: PinnedFlags,
+    ledger: Ledger,
+}
+
+impl PinnedHostMemoryResource {
+    /// A resource that allocates in `device`'s context; [`Error::Unsupported`] when device-mapped
+    /// is asked of a device that cannot map host memory.
+    pub fn new(device: &Device, flags: PinnedFlags) -> Result<Self> {
+        if flags.device_mapped
+            && device.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)?
+                == 0
+        {
+            return Err(Error::Unsupported(format!(
+                "device {} cannot map host memory",
+                device.ordinal()
+            )));
+        }
+        Ok(PinnedHostMemoryResource {
+            inner: Arc::new(Inner {
+                device: device.clone(),
+                flags,
+                ledger: Ledger::new(NAME, None),
+            }),
+        })
+    }
+
+    /// The flags every allocation gets.
+    pub fn flags(&self) -> PinnedFlags {
+        self.inner.flags
+    }
+
+    /// The device whose context it allocates in.
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// Bytes in live blocks.
+    pub fn allocated_bytes(&self) -> usize {
+        self.inner.ledger.in_use()
+    }
+
+    /// Number of live blocks.
+    pub fn allocation_count(&self) -> usize {
+        self.inner.ledger.count()
+    }
+
+    /// The device address of host address `host` in a device-mapped allocation of this resource
+    /// (`cuMemHostGetDevicePointer`); [`Error::Unsupported`] without device-mapped.
+    pub fn device_pointer(&self, host: NonNull<u8>) -> Result<u64> {
+        if !self.inner.flags.device_mapped {
+            return Err(Error::Unsupported(format!(
+                "{NAME} was created without PinnedFlags::DEVICE_MAPPED"
+            )));
+        }
+        mapped_device_pointer(&self.inner.device, host)
+    }
+}
+
+/// `cuMemHostGetDevicePointer` for a pinned, device-mapped host address.
+fn mapped_device_pointer(device: &Device, host: NonNull<u8>) -> Result<u64> {
+    device.bind()?;
+    let mut dptr: sys::CUdeviceptr = 0;
+    // SAFETY: a pure query with a valid out-slot; the driver rejects addresses it did not map.
+    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host.as_ptr().cast::<c_void>(), 0) }
+        .result()
+        .map_err(|e| Error::driver("cuMemHostGetDevicePointer", e))?;
+    Ok(dptr)
+}
+
+// SAFETY: the driver returns distinct live page-aligned allocations of the requested size;
+// larger alignments are refused. The ledger frees each block once.
+unsafe impl MemoryResource for PinnedHostMemoryResource {
+    fn allocate(&self, _stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+        let align = check_request(bytes, align, 1)?;
+        if align > PINNED_ALIGNMENT {
+            return Err(Error::Unsupported(format!(
+                "{NAME} guarantees {PINNED_ALIGNMENT}-byte alignment, not {align}"
+            )));
+        }
+        let admission = self.inner.ledger.admit(bytes)?;
+        self.inner.device.bind()?;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a context is current; `p` is a valid out-slot.
+        let r = unsafe { sys::cuMemHostAlloc(&mut p, bytes, self.inner.flags.alloc_bits()) };
+        match r {
+            sys::CUresult::CUDA_SUCCESS => {}
+            sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                return Err(Error::OutOfMemory {
+                    bytes,
+                    resource: NAME,
+                    detail: "cuMemHostAlloc could not pin that much host memory".into(),
+                })
+            }
+            e => {
+                return Err(Error::driver(
+                    "cuMemHostAlloc",
+                    cudarc::driver::DriverError(e),
+                ))
+            }
+        }
+        let ptr = NonNull::new(p.cast::<u8>())
+            .ok_or_else(|| Error::Unsupported("cuMemHostAlloc returned null".into()))?;
+        admission.commit(ptr);
+        Ok(ptr)
+    }
+
+    unsafe fn deallocate(
+        &self,
+        stream: StreamRef,
+        ptr: NonNull<u8>,
+        bytes: usize,
+        _align: usize,
+    ) -> Result<()> {
+        self.inner.ledger.remove(ptr, bytes)?;
+        let freed = self.inner.device.bind().and_then(|()| {
+            // SAFETY: `StreamRef`'s contract keeps the stream valid. Waiting honours the stream
+            // order: work queued on it may still read or write the block.
+            unsafe { cudarc::driver::result::stream::synchronize(stream.as_raw()) }
+                .map_err(|e| Error::driver("cuStreamSynchronize", e))?;
+            // SAFETY: the ledger confirmed the block is ours and live, and its stream is idle.
+            unsafe { sys::cuMemFreeHost(ptr.as_ptr().cast::<c_void>()) }
+                .result()
+                .map_err(|e| Error::driver("cuMemFreeHost", e))
+        });
+        if freed.is_err() {
+            self.inner.ledger.restore(ptr, bytes);
+        }
+        freed
+    }
+
+    fn properties(&self) -> Properties {
+        if self.inner.flags.device_mapped {
+            Properties::BOTH
+        } else {
+            Properties::HOST
+        }
+    }
+}
+
+impl fmt::Debug for PinnedHostMemoryResource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(NAME)
+            .field("device", &self.inner.device.ordinal())
+            .field("flags", &self.inner.flags)
+            .field("allocated_bytes", &self.allocated_bytes())
+            .finish()
+    }
+}
+
+/// An owned array of `T` in pinned host memory, with safe host views.
+///
+/// Device work that touches it (through [`device_ptr`](Self::device_ptr), or copies) must be
+/// finished before a host view is borrowed; kernel launches are `unsafe` and promise that.
+pub struct PinnedBuffer<T: Pod> {
+    ptr: Option<NonNull<u8>>,
+    len: usize,
+    resource: PinnedHostMemoryResource,
+    _marker: PhantomData<T>,
+}
+
+// SAFETY: the buffer uniquely owns its block; `T: Pod` is plain data.
+unsafe impl<T: Pod> Send for PinnedBuffer<T> {}
+// SAFETY: `&self` gives shared reads only.
+unsafe impl<T: Pod> Sync for PinnedBuffer<T> {}
+
+impl<T: Pod> PinnedBuffer<T> {
+    /// `len` zeroed elements.
+    pub fn zeroed(resource: &PinnedHostMemoryResource, len: usize) -> Result<Self> {
+        let bytes = len.checked_mul(size_of::<T>()).ok_or(Error::SizeOverflow {
+            bytes: usize::MAX,
+            align: align_of::<T>(),
+        })?;
+        let ptr = match bytes {
+            0 => None,
+            _ => {
+                let p = resource.allocate(StreamRef::DEFAULT, bytes, Self::align())?;
+                // SAFETY: `bytes` host bytes were just allocated; nothing else uses them.
+                unsafe { p.as_ptr().write_bytes(0, bytes) };
+                Some(p)
+            }
+        };
+        Ok(PinnedBuffer {
+            ptr,
+            len,
+            resource: resource.clone(),
+            _marker: PhantomData,
+        })
+    }
+
+    /// A pinned copy of `data`.
+    pub fn from_slice(resource: &PinnedHostMemoryResource, data: &[T]) -> Result<Self> {
+        let mut b = Self::zeroed(resource, data.len())?;
+        b.as_mut_slice().copy_from_slice(data);
+        Ok(b)
+    }
+
+    fn align() -> usize {
+        align_of::<T>().min(PINNED_ALIGNMENT)
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The flags it was allocated with.
+    pub fn flags(&self) -> PinnedFlags {
+        self.resource.flags()
+    }
+
+    /// The host view.
+    pub fn as_slice(&self) -> &[T] {
+        match self.ptr {
+            // SAFETY: `len` initialised (zeroed at creation) `T`s, page-aligned, owned by self.
+            Some(p) => unsafe { std::slice::from_raw_parts(p.as_ptr().cast::<T>(), self.len) },
+            None => &[],
+        }
+    }
+
+    /// The mutable host view.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        match self.ptr {
+            // SAFETY: as for `as_slice`; `&mut self` makes the borrow unique.
+            Some(p) => unsafe { std::slice::from_raw_parts_mut(p.as_ptr().cast::<T>(), self.len) },
+            None => &mut [],
+        }
+    }
+
+    /// The address kernels use to reach this memory without a copy; [`Error::Unsupported`]
+    /// unless device-mapped, [`Error::ZeroSize`] when empty.
+    pub fn device_ptr(&self) -> Result<u64> {
+        let p = self.ptr.ok_or(Error::ZeroSize)?;
+        self.resource.device_pointer(p)
+    }
+
+    /// Frees now, reporting what dropping would have to swallow.
+    pub fn free(mut self) -> Result<()> {
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<()> {
+        let Some(p) = self.ptr.take() else {
+            return Ok(());
+        };
+        // SAFETY: allocated by this resource with this size and alignment; `take` frees it once.
+        unsafe {
+            self.resource
+                .deallocate_sync(p, self.len * size_of::<T>(), Self::align())
+        }
+    }
+}
+
+impl<T: Pod> Drop for PinnedBuffer<T> {
+    fn drop(&mut self) {
+        // Drop cannot report: callers who care use `free`.
+        let _ = self.release();
+    }
+}
+
+impl<T: Pod> fmt::Debug for PinnedBuffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PinnedBuffer")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("flags", &self.flags())
+            .finish()
+    }
+}
