@@ -69,25 +69,35 @@ fn buffers_free_through_their_own_resource_after_the_current_one_changes() {
     assert!(big.is_out_of_memory(), "{big}");
     let small = DeviceBuffer::from_current(MIB, &stream).unwrap();
 
-    for bad in [
-        ReinitializeOptions {
-            devices: vec![d, count],
-            ..Default::default()
-        },
-        ReinitializeOptions {
-            pool: true,
-            managed: true,
-            devices: vec![d],
-            ..Default::default()
-        },
-    ] {
-        let err = current::reinitialize(&bad).unwrap_err();
-        assert!(
-            matches!(err, Error::InvalidDevice { .. } | Error::Unsupported(_)),
-            "{err}"
-        );
-        assert!(Arc::ptr_eq(&current::get(d).unwrap(), &now), "{bad:?}");
-    }
+    let bad = ReinitializeOptions {
+        devices: vec![d, count],
+        ..Default::default()
+    };
+    let err = current::reinitialize(&bad).unwrap_err();
+    assert!(matches!(err, Error::InvalidDevice { .. }), "{err}");
+    assert!(Arc::ptr_eq(&current::get(d).unwrap(), &now), "{bad:?}");
+
+    // A pool over managed memory: carve's suballocator, host-accessible blocks.
+    let old = current::reinitialize(&ReinitializeOptions {
+        pool: true,
+        managed: true,
+        initial_size: Some(4 * MIB),
+        maximum_size: Some(8 * MIB),
+        devices: vec![d],
+    })
+    .unwrap();
+    assert!(Arc::ptr_eq(&old[0].1, &now));
+    let managed_pool = current::get(d).unwrap();
+    assert!(
+        name_of(&managed_pool).starts_with("PoolMemoryResource"),
+        "{managed_pool:?}"
+    );
+    assert!(managed_pool.properties().host_accessible);
+    let in_pool = DeviceBuffer::from_current(MIB, &stream).unwrap();
+    assert!(DeviceBuffer::from_current(16 * MIB, &stream)
+        .unwrap_err()
+        .is_out_of_memory());
+    drop(in_pool);
 
     current::reinitialize(&ReinitializeOptions {
         managed: true,

@@ -65,7 +65,10 @@ fn info_exits_zero_and_describes_what_it_found() {
     let out = Command::new(bin).arg("info").output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("kernels: carve_smoke_fill"), "{text}");
+    assert!(
+        text.contains("kernels: ") && text.contains("carve_smoke_fill"),
+        "{text}"
+    );
     match Device::count() {
         Err(_) => assert!(text.contains("No CUDA driver found"), "{text}"),
         Ok(n) => assert!(text.contains(&format!("{n} CUDA device(s)")), "{text}"),

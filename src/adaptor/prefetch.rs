@@ -6,11 +6,10 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use cudarc::driver::{result, sys};
-
 use crate::driver::Device;
-use crate::error::{Error, Result};
-use crate::resource::{MemoryResource, Properties};
+use crate::error::Result;
+use crate::resource::prefetch_raw;
+use crate::resource::{Location, MemoryResource, Properties};
 use crate::stream::StreamRef;
 
 /// After each allocation, queues a prefetch of the whole block to `device` on the allocation's
@@ -88,9 +87,6 @@ unsafe impl<R: MemoryResource> MemoryResource for PrefetchResourceAdaptor<R> {
     }
 }
 
-/// Queues `cuMemPrefetchAsync` of `[ptr, ptr + bytes)` to `device` on `stream`.
-///
-/// Stand-in for issue 3's managed-memory helper: replace the body with a call to it at merge.
 fn prefetch_to_device(
     ptr: NonNull<u8>,
     bytes: usize,
@@ -98,20 +94,10 @@ fn prefetch_to_device(
     stream: StreamRef,
 ) -> Result<()> {
     device.bind()?;
-    let location = sys::CUmemLocation {
-        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-        id: i32::try_from(device.ordinal())
-            .map_err(|_| Error::InvalidArgument("device ordinal exceeds i32".to_owned()))?,
-    };
-    // SAFETY: the range is one live block just returned by the upstream; a stream is valid by
-    // `StreamRef`'s contract; the driver rejects non-managed ranges with an error code.
-    unsafe {
-        result::mem_prefetch_async(
-            ptr.as_ptr() as sys::CUdeviceptr,
-            bytes,
-            location,
-            stream.as_raw(),
-        )
-    }
-    .map_err(|e| Error::driver("cuMemPrefetchAsync", e))
+    prefetch_raw(
+        ptr.as_ptr() as u64,
+        bytes,
+        Location::Device(device.ordinal()),
+        stream,
+    )
 }

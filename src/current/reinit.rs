@@ -1,10 +1,9 @@
 //! One call to set up every chosen device's current resource, as `rmm.reinitialize` does.
 //!
-//! # Extension point
-//! [`build`] maps the options to a resource. `pool: true` gives a driver pool
-//! ([`AsyncMemoryResource`]) today. When carve's suballocator pool lands, `build` is the one
-//! place to change: `pool && !managed` may switch to it (over [`CudaMemoryResource`]), and
-//! `pool && managed`, refused for now, becomes that pool over [`ManagedMemoryResource`].
+//! [`build`] maps the options to a resource: `pool` over device memory is a driver pool
+//! ([`AsyncMemoryResource`], shareable with PyTorch and CuPy through its handle); `pool` over
+//! managed memory is carve's [`PoolMemoryResource`] over [`ManagedMemoryResource`], since driver
+//! pools hold device memory only.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -13,7 +12,7 @@ use crate::driver::Device;
 use crate::error::{Error, Result};
 use crate::resource::{
     AsyncMemoryResource, AsyncPoolOptions, CudaMemoryResource, ManagedMemoryResource,
-    SharedResource,
+    PoolMemoryResource, PoolOptions, SharedResource,
 };
 
 /// What [`reinitialize`] builds on each device.
@@ -81,11 +80,12 @@ pub fn build(device: &Device, options: &ReinitializeOptions) -> Result<SharedRes
         (false, true) => Arc::new(ManagedMemoryResource::new(device)?),
         (true, false) => Arc::new(AsyncMemoryResource::new(device, &options.pool_options())?),
         (true, true) => {
-            return Err(Error::Unsupported(
-                "a pool over managed memory needs carve's suballocator pool; driver pools hold \
-                 device memory only"
-                    .into(),
-            ))
+            let mut pool = PoolOptions::new(options.initial_size.unwrap_or(0));
+            pool.maximum_size = options.maximum_size;
+            Arc::new(PoolMemoryResource::new(
+                ManagedMemoryResource::new(device)?,
+                pool,
+            )?)
         }
     })
 }

@@ -14,7 +14,6 @@
 //! | the threaded replay and its report | [`run`], [`report`] |
 //! | the command line | [`cli`] |
 
-mod async_resource;
 pub mod cli;
 pub mod parse;
 pub mod plan;

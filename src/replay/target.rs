@@ -3,13 +3,12 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::async_resource::DefaultPoolResource;
 use crate::driver::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::resource::{
-    ArenaMemoryResource, ArenaOptions, BinningMemoryResource, CudaMemoryResource,
-    FixedSizeMemoryResource, FixedSizeOptions, HostMemoryResource, PoolMemoryResource, PoolOptions,
-    SharedResource, SimulatedMemoryResource,
+    ArenaMemoryResource, ArenaOptions, AsyncMemoryResource, BinningMemoryResource,
+    CudaMemoryResource, FixedSizeMemoryResource, FixedSizeOptions, HostMemoryResource,
+    PoolMemoryResource, PoolOptions, SharedResource, SimulatedMemoryResource,
 };
 use crate::stream::StreamRef;
 
@@ -166,7 +165,7 @@ pub fn build_target(opts: &ResourceOptions, logged_streams: &[u64]) -> Result<Ta
     let device = Device::get(opts.device)?;
     let (resource, fragmentation): (SharedResource, _) = match opts.kind {
         ResourceKind::Cuda => (Arc::new(CudaMemoryResource::new(&device)), None),
-        ResourceKind::Async => (Arc::new(DefaultPoolResource::new(&device)), None),
+        ResourceKind::Async => (Arc::new(AsyncMemoryResource::default_pool(&device)?), None),
         _ => suballocator(opts, Arc::new(CudaMemoryResource::new(&device)))?,
     };
     let mut owned = Vec::new();

@@ -3,6 +3,7 @@
 
 mod ops;
 
+pub(crate) use ops::prefetch_raw;
 pub use ops::{Advice, ManagedRange, RangeAttributes};
 
 use std::fmt;

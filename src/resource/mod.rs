@@ -26,6 +26,7 @@ pub use cuda::CudaMemoryResource;
 pub use fixed_size::{FixedSizeMemoryResource, FixedSizeOptions, FixedSizeStats};
 pub use host::HostMemoryResource;
 pub use location::{check_ordinal, Location};
+pub(crate) use managed::prefetch_raw;
 pub use managed::{Advice, ManagedBuffer, ManagedMemoryResource, ManagedRange, RangeAttributes};
 pub use pinned::{
     HostRegistration, PinnedBuffer, PinnedFlags, PinnedHostMemoryResource, PINNED_ALIGNMENT,

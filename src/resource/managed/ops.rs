@@ -13,6 +13,7 @@ use super::super::location::{Location, CU_DEVICE_INVALID};
 use crate::buffer::DeviceBuffer;
 use crate::driver::{Device, Stream};
 use crate::error::{Error, Result};
+use crate::stream::StreamRef;
 
 /// A byte range inside one managed allocation, checked to be managed at both ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,22 +98,8 @@ impl ManagedRange {
     /// Queues a migration of the range to `location` on `stream`. The range is usable at once;
     /// the prefetch only moves pages ahead of use. Needs a device with concurrent managed access.
     pub fn prefetch(&self, location: Location, stream: &Stream) -> Result<()> {
-        let location = location.validate()?;
-        require_symbol("cuMemPrefetchAsync_v2")?;
         stream.device().bind()?;
-        // SAFETY: the range lies in managed memory (checked at construction; the owner keeps it
-        // alive by the caller's contract), the stream is live while `stream` is borrowed.
-        unsafe {
-            sys::cuMemPrefetchAsync_v2(
-                self.ptr,
-                self.len,
-                location.to_cu(),
-                0,
-                stream.as_ref().as_raw(),
-            )
-        }
-        .result()
-        .map_err(|e| Error::driver("cuMemPrefetchAsync_v2", e))
+        prefetch_raw(self.ptr, self.len, location, stream.as_ref())
     }
 
     /// Gives the driver `advice` for the range.
@@ -248,6 +235,24 @@ pub(crate) fn require_symbol(name: &str) -> Result<()> {
             "this CUDA driver does not export {name}"
         )))
     }
+}
+
+/// `cuMemPrefetchAsync_v2` on `[ptr, ptr + len)` without the managed check, for callers that know
+/// the range is managed (the prefetch adaptor, on blocks its managed upstream just returned). The
+/// caller has made the stream's context current.
+pub(crate) fn prefetch_raw(
+    ptr: u64,
+    len: usize,
+    location: Location,
+    stream: StreamRef,
+) -> Result<()> {
+    let location = location.validate()?;
+    require_symbol("cuMemPrefetchAsync_v2")?;
+    // SAFETY: the caller names a live range; the driver rejects memory that is not managed with
+    // an error code; the stream is valid by `StreamRef`'s contract.
+    unsafe { sys::cuMemPrefetchAsync_v2(ptr, len, location.to_cu(), 0, stream.as_raw()) }
+        .result()
+        .map_err(|e| Error::driver("cuMemPrefetchAsync_v2", e))
 }
 
 #[cfg(test)]
