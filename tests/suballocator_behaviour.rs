@@ -52,7 +52,10 @@ fn a_free_is_reused_on_its_stream_without_any_ordering() {
     // Construction synchronised once (the initial chunk is free to every stream); 102 frees
     // on `a` marked it once (RMM records an event on each).
     assert_eq!(MARK_EVERY, 64);
-    assert_eq!(order.events(), vec![OrderEvent::SyncAll, OrderEvent::Mark(a)]);
+    assert_eq!(
+        order.events(),
+        vec![OrderEvent::SyncAll, OrderEvent::Mark(a)]
+    );
     // Another stream takes a's memory: the frees since the mark are reached only through a
     // device-wide synchronisation, never by naming `a` again.
     let r = pool.allocate(b, 1000, 256).unwrap();
@@ -301,7 +304,10 @@ fn fixed_size_hands_sealed_blocks_over_with_one_wait_on_the_last_mark() {
             }
         ]
     );
-    assert!(mr.allocate(b, 512, 256).is_err(), "one refill, all handed out");
+    assert!(
+        mr.allocate(b, 512, 256).is_err(),
+        "one refill, all handed out"
+    );
     mr.check_invariants().unwrap();
     for p in again {
         free(&mr, b, p, 512);

@@ -207,7 +207,8 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
         }
         let sb = self.inner.superblock;
         let base = self.inner.global.allocate(stream, sb, GRAIN)?;
-        core.index.add_chunk(base.as_ptr() as usize, sb, Some(stream));
+        core.index
+            .add_chunk(base.as_ptr() as usize, sb, Some(stream));
         core.index
             .take(stream, bytes, align)
             .ok_or_else(|| Error::OutOfMemory {

@@ -18,9 +18,7 @@ pub use cuda::CudaMemoryResource;
 pub use fixed_size::{FixedSizeMemoryResource, FixedSizeOptions, FixedSizeStats};
 pub use host::HostMemoryResource;
 pub use pool::{PoolMemoryResource, PoolOptions, PoolStats};
-pub use stream_order::{
-    CudaOrder, HostOrder, OrderEvent, RecordingOrder, StreamOrder, MARK_EVERY,
-};
+pub use stream_order::{CudaOrder, HostOrder, OrderEvent, RecordingOrder, StreamOrder, MARK_EVERY};
 
 use std::fmt;
 use std::ptr::NonNull;

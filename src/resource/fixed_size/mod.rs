@@ -241,7 +241,9 @@ impl<R: MemoryResource> Inner<R> {
                 continue;
             };
             if let Err(e) = self.order.wait_for_mark(stream, self.stream_of(i)) {
-                other.sealed.push_chain(self, first, chain_tail(self, first));
+                other
+                    .sealed
+                    .push_chain(self, first, chain_tail(self, first));
                 return Err(e);
             }
             let rest = self.next(first).load(Ordering::Relaxed);

@@ -33,7 +33,6 @@ use super::super::StreamOrder;
 /// Every block is a multiple of this, at an address aligned to it.
 pub(crate) const GRAIN: usize = DEFAULT_ALIGNMENT;
 
-
 /// `Node::bin` of a live block, and of a node on the spare list.
 const LIVE: u32 = u32::MAX;
 const SPARE: u32 = u32::MAX - 1;
@@ -175,7 +174,12 @@ impl PoolCore {
     }
     pub fn largest_free(&mut self) -> usize {
         let nodes = &mut self.nodes;
-        self.bins.iter().map(|b| b.largest(nodes)).max().unwrap_or(0) * GRAIN
+        self.bins
+            .iter()
+            .map(|b| b.largest(nodes))
+            .max()
+            .unwrap_or(0)
+            * GRAIN
     }
     /// True when `ptr` is a live block of this core.
     pub fn owns(&self, ptr: usize) -> bool {
@@ -247,7 +251,9 @@ impl PoolCore {
     ) -> Option<(StreamRef, u32)> {
         let (_, search) = footprint(bytes, align)?;
         let bins: Vec<u32> = (0..self.tags.len())
-            .filter(|&t| self.tags[t].stream != stream && !self.bins[sealed_bin(t) as usize].is_empty())
+            .filter(|&t| {
+                self.tags[t].stream != stream && !self.bins[sealed_bin(t) as usize].is_empty()
+            })
             .map(sealed_bin)
             .collect();
         let node = self.fit(&bins, search / GRAIN)?;
@@ -337,7 +343,11 @@ impl PoolCore {
     /// The tag of `stream`, made on first use (reusing an idle one once there are many).
     #[inline]
     fn tag(&mut self, stream: StreamRef) -> usize {
-        if self.tags.get(self.last_tag).is_some_and(|t| t.stream == stream) {
+        if self
+            .tags
+            .get(self.last_tag)
+            .is_some_and(|t| t.stream == stream)
+        {
             return self.last_tag;
         }
         let t = match self.tags.iter().position(|t| t.stream == stream) {
@@ -400,7 +410,9 @@ impl PoolCore {
     fn carve(&mut self, node: u32, size: usize, align: usize, bytes: usize) -> NonNull<u8> {
         let bin = self.nodes[node as usize].bin;
         self.unfile(node);
-        let Node { addr, size: total, .. } = self.nodes[node as usize];
+        let Node {
+            addr, size: total, ..
+        } = self.nodes[node as usize];
         let end = addr + total;
         let start = align_up(addr, align).expect("the block fits, so this does not overflow");
         let mut live = node;
@@ -470,7 +482,9 @@ impl PoolCore {
     fn absorb_next(&mut self, node: u32) {
         let next = self.nodes[node as usize].phys.1;
         let Node {
-            size, phys: (_, after), ..
+            size,
+            phys: (_, after),
+            ..
         } = self.nodes[next as usize];
         let n = &mut self.nodes[node as usize];
         n.size += size;
@@ -556,7 +570,10 @@ impl PoolCore {
             total += csize;
             let (mut at, mut prev, mut addr) = (head, NIL, base);
             while at != NIL {
-                let n = self.nodes.get(at as usize).ok_or(format!("node {at} out of range"))?;
+                let n = self
+                    .nodes
+                    .get(at as usize)
+                    .ok_or(format!("node {at} out of range"))?;
                 seen += 1;
                 if seen > self.nodes.len() {
                     return Err("a chunk's block chain cycles".into());
@@ -581,7 +598,11 @@ impl PoolCore {
                     }
                     b => {
                         free += 1;
-                        let p = if prev == NIL { LIVE } else { self.nodes[prev as usize].bin };
+                        let p = if prev == NIL {
+                            LIVE
+                        } else {
+                            self.nodes[prev as usize].bin
+                        };
                         if p != LIVE && mergeable(p, b) {
                             return Err(format!(
                                 "adjacent free blocks at {:#x} (bins {p}, {b}) not coalesced",
@@ -595,7 +616,9 @@ impl PoolCore {
                 at = n.phys.1;
             }
             if addr != base + csize {
-                return Err(format!("chunk {base:#x} tiled to {addr:#x}, not {csize} bytes"));
+                return Err(format!(
+                    "chunk {base:#x} tiled to {addr:#x}, not {csize} bytes"
+                ));
             }
         }
         if seen + self.spare.len() != self.nodes.len() {
@@ -606,7 +629,10 @@ impl PoolCore {
             ));
         }
         if total != self.pool_size {
-            return Err(format!("pool size {} != chunk total {total}", self.pool_size));
+            return Err(format!(
+                "pool size {} != chunk total {total}",
+                self.pool_size
+            ));
         }
         if used != self.in_use || live != self.live.len() {
             return Err(format!(
@@ -621,7 +647,8 @@ impl PoolCore {
         let mut filed = 0;
         for b in 0..self.bins.len() {
             let bin = &self.bins[b];
-            bin.check(&mut self.nodes).map_err(|e| format!("bin {b}: {e}"))?;
+            bin.check(&mut self.nodes)
+                .map_err(|e| format!("bin {b}: {e}"))?;
             for n in bin.nodes(&mut self.nodes) {
                 if self.nodes[n as usize].bin != b as u32 {
                     return Err(format!("node {n} filed in bin {b} but tagged otherwise"));
@@ -757,7 +784,9 @@ mod tests {
         assert!(c.sealed_fit_elsewhere(B, GRAIN, GRAIN).is_none());
         order.mark(A).unwrap();
         c.seal(A);
-        let p = allocate_from(&mut c, &order, B, GRAIN, GRAIN).unwrap().unwrap();
+        let p = allocate_from(&mut c, &order, B, GRAIN, GRAIN)
+            .unwrap()
+            .unwrap();
         assert_eq!(
             order.events(),
             vec![

@@ -257,7 +257,11 @@ mod tests {
             assert!(lowest(c.0, c.1) <= u, "{u} below its class");
             // Every size filed in the search class (or above) holds at least u.
             let (f, s) = class_at_least(u).unwrap();
-            assert!(lowest(f, s) >= u, "{u}: class ({f},{s}) starts at {}", lowest(f, s));
+            assert!(
+                lowest(f, s) >= u,
+                "{u}: class ({f},{s}) starts at {}",
+                lowest(f, s)
+            );
             // And the search class is the next one up at most: no needless skipping.
             assert!((f, s) == c || lowest(c.0, c.1) < u, "{u}");
         }
