@@ -28,10 +28,16 @@ use crate::stream::StreamRef;
 use crate::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::sync::Mutex;
+use crate::sync::{spin_loop, Mutex};
 
 const NAME: &str = "FixedSizeMemoryResource";
 const GRAIN: usize = DEFAULT_ALIGNMENT;
+
+/// Frees per mark: loom models use 2, so that sealing races with stealing in a small model.
+#[cfg(not(carve_loom))]
+const FREES_PER_MARK: u32 = MARK_EVERY;
+#[cfg(carve_loom)]
+const FREES_PER_MARK: u32 = 2;
 
 #[cfg(not(carve_loom))]
 const STREAM_SLOTS: usize = 64;
@@ -145,6 +151,9 @@ struct Inner<R: MemoryResource> {
     slots: Box<[Slot]>,
     /// Blocks whose frees are known complete (from streams without a slot).
     ready: TaggedStack,
+    /// Bumped as each seal starts and ends (odd while blocks are on no stack). Concurrent
+    /// seals may pair oddly, but any seal during a scan changes it.
+    seal_epoch: AtomicUsize,
     /// `Box<Slab>` pointers, published once and freed only on drop.
     slabs: Box<[AtomicUsize]>,
     slab_count: AtomicUsize,
@@ -211,23 +220,33 @@ impl<R: MemoryResource> Inner<R> {
     /// A free block for `stream`, ordered after any other stream it came from.
     fn pop_for(&self, stream: StreamRef) -> Result<u32> {
         let slot = self.slot_of(stream);
-        if let Some(s) = slot {
-            if let Some(i) = s.fresh.pop(self).or_else(|| s.sealed.pop(self)) {
+        loop {
+            let epoch = self.seal_epoch.load(Ordering::Acquire);
+            if let Some(s) = slot {
+                if let Some(i) = s.fresh.pop(self).or_else(|| s.sealed.pop(self)) {
+                    return Ok(i);
+                }
+            }
+            if let Some(i) = self.ready.pop(self) {
                 return Ok(i);
             }
-        }
-        if let Some(i) = self.ready.pop(self) {
-            return Ok(i);
-        }
-        if let Some(mine) = slot {
-            if let Some(i) = self.steal(stream, mine)? {
+            if let Some(mine) = slot {
+                if let Some(i) = self.steal(stream, mine)? {
+                    return Ok(i);
+                }
+            }
+            if let Some(i) = self.gather_fresh(slot)? {
                 return Ok(i);
             }
+            // Blocks being sealed are on no stack for a moment, and a seal that ran during the
+            // scan may have moved blocks behind it: look again rather than refill (which could
+            // fail for want of refills, or grow needlessly).
+            let now = self.seal_epoch.load(Ordering::Acquire);
+            if now == epoch && now % 2 == 0 {
+                return self.refill(stream, slot);
+            }
+            spin_loop();
         }
-        if let Some(i) = self.gather_fresh(slot)? {
-            return Ok(i);
-        }
-        self.refill(stream, slot)
     }
 
     /// Takes another stream's whole sealed stack: detach first, then wait on that stream's last
@@ -275,23 +294,24 @@ impl<R: MemoryResource> Inner<R> {
         Ok(self.ready.pop(self))
     }
 
-    /// Records a free on `slot`; every `MARK_EVERY` frees, marks the stream and seals its
+    /// Records a free on `slot`; every `FREES_PER_MARK` frees, marks the stream and seals its
     /// fresh blocks (detached before the mark, so the mark covers them all).
     fn push_free(&self, stream: StreamRef, slot: &Slot, index: u32) {
         slot.fresh.push(self, index);
         let n = slot.frees.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
-        if n % MARK_EVERY != 0 {
+        if n % FREES_PER_MARK != 0 {
             return;
         }
-        let Some(first) = slot.fresh.take_all() else {
-            return;
-        };
-        let last = chain_tail(self, first);
-        // A failed mark leaves the blocks fresh (reachable after a synchronisation).
-        match self.order.mark(stream) {
-            Ok(()) => slot.sealed.push_chain(self, first, last),
-            Err(_) => slot.fresh.push_chain(self, first, last),
+        self.seal_epoch.fetch_add(1, Ordering::AcqRel);
+        if let Some(first) = slot.fresh.take_all() {
+            let last = chain_tail(self, first);
+            // A failed mark leaves the blocks fresh (reachable after a synchronisation).
+            match self.order.mark(stream) {
+                Ok(()) => slot.sealed.push_chain(self, first, last),
+                Err(_) => slot.fresh.push_chain(self, first, last),
+            }
         }
+        self.seal_epoch.fetch_add(1, Ordering::AcqRel);
     }
 
     fn refill(&self, stream: StreamRef, slot: Option<&Slot>) -> Result<u32> {
@@ -403,6 +423,7 @@ impl<R: MemoryResource> FixedSizeMemoryResource<R> {
                     })
                     .collect(),
                 ready: TaggedStack::new(),
+                seal_epoch: AtomicUsize::new(0),
                 slabs: (0..max_slabs).map(|_| AtomicUsize::new(0)).collect(),
                 slab_count: AtomicUsize::new(0),
                 lookup: SlabLookup::with_capacity(max_slabs),
