@@ -2,9 +2,9 @@
 //! runs (and is tested) without a GPU.
 //!
 //! A block freed on stream A is reused on A at once. Handing it to stream B needs B to wait for
-//! A's work up to that free. The suballocators record nothing on a free; every so many frees
-//! on A they [`mark`](StreamOrder::mark) A (capture its work so far), and B waits on A's last
-//! mark for blocks it covers. Blocks freed since are reached only through
+//! A's work up to that free. The suballocators record nothing on a free; while streams run
+//! short, every [`MARK_EVERY`] frees on A they [`mark`](StreamOrder::mark) A (capture its work
+//! so far), and B waits on A's last mark for blocks it covers. Blocks freed since are reached only through
 //! [`synchronize_all`](StreamOrder::synchronize_all). So a suballocator names a stream to the
 //! driver only inside a call on that stream: a stream may be destroyed while blocks freed on
 //! it sit in a pool.
@@ -18,8 +18,10 @@ use crate::driver::{Device, Event};
 use crate::error::Result;
 use crate::stream::StreamRef;
 
-/// A suballocator marks a stream once per this many frees on it (not on every free, as RMM
-/// does); only blocks freed before a stream's last mark cross to another stream with one wait.
+/// A suballocator marks a stream at most once per this many frees on it, and only if some
+/// stream ran short of its own blocks since the stream's last mark (RMM records an event on
+/// every free). Only blocks freed before a stream's last mark cross to another stream with one
+/// wait; the rest, after a device-wide synchronisation.
 pub const MARK_EVERY: u32 = 64;
 
 /// Orders work between streams on behalf of a suballocator.

@@ -2,11 +2,13 @@
 //! kept on lock-free Treiber stacks ([`stack`]).
 //!
 //! Each stream gets its own stacks (one of a fixed set of slots), so a block freed on stream A
-//! is reused on A at once and no free records an event. Frees go to A's *fresh* stack; every
-//! [`MARK_EVERY`] frees, A is marked and its fresh blocks move to its *sealed* stack. A stream
-//! whose stacks run dry first takes another stream's whole sealed stack (one wait on that
+//! is reused on A at once and no free records an event. Frees go to A's *fresh* stack; while
+//! some stream runs short, every [`MARK_EVERY`] frees A is marked and its fresh blocks move to
+//! its *sealed* stack. A stream whose stacks run dry refills from the upstream (under a lock
+//! that only refills take), so streams on different threads never share blocks while memory
+//! lasts; once refills fail, it takes another stream's whole sealed stack (one wait on that
 //! stream's last mark), then, after one device-wide synchronisation, the other streams' fresh
-//! blocks, and only then refills from the upstream under a lock that only refills take. No
+//! blocks. No
 //! stream but the caller's is ever named to the driver, so streams may die while blocks freed on
 //! them sit here. All bookkeeping (links, live bits, slab table) is host memory, never the
 //! blocks themselves.
@@ -131,6 +133,8 @@ struct Slot {
     /// Covered by the stream's last mark.
     sealed: TaggedStack,
     frees: AtomicU32,
+    /// `Inner::demand` at the stream's last mark.
+    demand_seen: AtomicUsize,
 }
 
 struct Slab {
@@ -151,6 +155,8 @@ struct Inner<R: MemoryResource> {
     slots: Box<[Slot]>,
     /// Blocks whose frees are known complete (from streams without a slot).
     ready: TaggedStack,
+    /// Bumped whenever a stream runs dry: marks are worth their driver call only then.
+    demand: AtomicUsize,
     /// Bumped as each seal starts and ends (odd while blocks are on no stack). Concurrent
     /// seals may pair oddly, but any seal during a scan changes it.
     seal_epoch: AtomicUsize,
@@ -230,6 +236,11 @@ impl<R: MemoryResource> Inner<R> {
             if let Some(i) = self.ready.pop(self) {
                 return Ok(i);
             }
+            let short = match self.refill(stream, slot) {
+                Err(e) if e.is_out_of_memory() => e,
+                done => return done,
+            };
+            self.demand.fetch_add(1, Ordering::Relaxed);
             if let Some(mine) = slot {
                 if let Some(i) = self.steal(stream, mine)? {
                     return Ok(i);
@@ -239,11 +250,10 @@ impl<R: MemoryResource> Inner<R> {
                 return Ok(i);
             }
             // Blocks being sealed are on no stack for a moment, and a seal that ran during the
-            // scan may have moved blocks behind it: look again rather than refill (which could
-            // fail for want of refills, or grow needlessly).
+            // scan may have moved blocks behind it: look again before giving up.
             let now = self.seal_epoch.load(Ordering::Acquire);
             if now == epoch && now % 2 == 0 {
-                return self.refill(stream, slot);
+                return Err(short);
             }
             spin_loop();
         }
@@ -274,7 +284,7 @@ impl<R: MemoryResource> Inner<R> {
         Ok(None)
     }
 
-    /// Before refilling: detaches every other stream's fresh blocks, waits for all device
+    /// Once refills fail: detaches every other stream's fresh blocks, waits for all device
     /// work, and makes them free to any stream.
     fn gather_fresh(&self, mine: Option<&Slot>) -> Result<Option<u32>> {
         let others = || {
@@ -300,6 +310,10 @@ impl<R: MemoryResource> Inner<R> {
         slot.fresh.push(self, index);
         let n = slot.frees.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
         if n % FREES_PER_MARK != 0 {
+            return;
+        }
+        let demand = self.demand.load(Ordering::Relaxed);
+        if slot.demand_seen.swap(demand, Ordering::Relaxed) == demand {
             return;
         }
         self.seal_epoch.fetch_add(1, Ordering::AcqRel);
@@ -420,9 +434,11 @@ impl<R: MemoryResource> FixedSizeMemoryResource<R> {
                         fresh: TaggedStack::new(),
                         sealed: TaggedStack::new(),
                         frees: AtomicU32::new(0),
+                        demand_seen: AtomicUsize::new(0),
                     })
                     .collect(),
                 ready: TaggedStack::new(),
+                demand: AtomicUsize::new(0),
                 seal_epoch: AtomicUsize::new(0),
                 slabs: (0..max_slabs).map(|_| AtomicUsize::new(0)).collect(),
                 slab_count: AtomicUsize::new(0),

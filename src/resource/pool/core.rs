@@ -8,8 +8,8 @@
 //!
 //! **Streams.** A free block belongs to one of:
 //! - the stream it was freed on, *fresh* (freed since that stream's last mark) or *sealed*
-//!   (covered by a mark: an event recorded on the stream while it was in use, every
-//!   [`MARK_EVERY`] frees, not on every free);
+//!   (covered by a mark: an event recorded on the stream while it was in use, at most once per
+//!   [`MARK_EVERY`] frees and only while some stream runs short, never on every free);
 //! - nobody (*any*): its last use is known complete, so every stream may take it.
 //!
 //! A stream takes its own blocks and *any* blocks freely; another stream's sealed blocks after
@@ -90,6 +90,8 @@ impl FreeLinks for Vec<Node> {
 struct Tag {
     stream: StreamRef,
     frees_since_mark: u32,
+    /// `PoolCore::demand` at this stream's last mark.
+    demand_seen: u64,
 }
 
 #[inline]
@@ -118,7 +120,8 @@ pub(crate) struct EmptyChunk {
 pub(crate) struct Freed {
     /// The block's chunk, if it is now wholly free.
     pub empty: Option<EmptyChunk>,
-    /// The stream is due a mark (then call [`PoolCore::seal`]).
+    /// The stream is due a mark (then call [`PoolCore::seal`]): [`MARK_EVERY`] frees since
+    /// its last, and some stream ran short of its own blocks since.
     pub mark_due: bool,
 }
 
@@ -132,6 +135,9 @@ pub(crate) struct PoolCore {
     live: AddrMap<u32>,
     /// Chunk base -> (size, the node at the base, which is never merged away).
     chunks: BTreeMap<usize, (usize, u32)>,
+    /// Bumped whenever a stream runs short of its own blocks: marks are worth their driver
+    /// call only while some stream may want another's blocks.
+    demand: u64,
     pool_size: usize,
     in_use: usize,
 }
@@ -146,6 +152,7 @@ impl Default for PoolCore {
             last_tag: 0,
             live: AddrMap::default(),
             chunks: BTreeMap::new(),
+            demand: 0,
             pool_size: 0,
             in_use: 0,
         }
@@ -301,6 +308,12 @@ impl PoolCore {
             self.file(n, sealed);
         }
         self.tags[t].frees_since_mark = 0;
+        self.tags[t].demand_seen = self.demand;
+    }
+
+    /// Records that a stream found too few blocks of its own (see [`Freed::mark_due`]).
+    pub fn note_demand(&mut self) {
+        self.demand += 1;
     }
 
     /// Frees a live block on `stream`.
@@ -327,8 +340,15 @@ impl PoolCore {
         self.in_use -= node.size;
         let t = self.tag(stream);
         let n = self.coalesce_into(n, fresh_bin(t));
+        let demand = self.demand;
         let tag = &mut self.tags[t];
         tag.frees_since_mark += 1;
+        let mut mark_due = false;
+        if tag.frees_since_mark >= MARK_EVERY {
+            // Mark only if some stream ran short since the last mark; else start counting again.
+            mark_due = tag.demand_seen != demand;
+            tag.frees_since_mark = 0;
+        }
         let node = &self.nodes[n as usize];
         Ok(Freed {
             empty: (node.phys == (NIL, NIL)).then_some(EmptyChunk {
@@ -336,7 +356,7 @@ impl PoolCore {
                 size: node.size,
                 stream,
             }),
-            mark_due: tag.frees_since_mark >= MARK_EVERY,
+            mark_due,
         })
     }
 
@@ -363,6 +383,7 @@ impl PoolCore {
         let tag = Tag {
             stream,
             frees_since_mark: 0,
+            demand_seen: self.demand,
         };
         if self.tags.len() >= 16 {
             let idle = (0..self.tags.len()).find(|&t| {
@@ -678,6 +699,7 @@ pub(crate) fn allocate_from(
     if let Some(p) = core.take(stream, bytes, align) {
         return Ok(Some(p));
     }
+    core.note_demand();
     if let Some((victim, node)) = core.sealed_fit_elsewhere(stream, bytes, align) {
         order.wait_for_mark(stream, victim)?;
         core.adopt(node, stream);
@@ -803,14 +825,30 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_is_marked_once_per_mark_every_frees() {
+    fn a_stream_is_marked_once_per_mark_every_frees_and_only_under_demand() {
         let mut c = core_with(1 << 20);
         let order = RecordingOrder::new();
-        for _ in 0..3 * MARK_EVERY + 1 {
-            let p = c.take(A, 300, GRAIN).unwrap();
-            free_into(&mut c, &order, "t", A, p.as_ptr() as usize, 300).unwrap();
-        }
-        assert_eq!(order.events(), vec![OrderEvent::Mark(A); 3]);
+        let cycle = |c: &mut PoolCore| {
+            for _ in 0..MARK_EVERY {
+                let p = c.take(A, 300, GRAIN).unwrap();
+                free_into(c, &order, "t", A, p.as_ptr() as usize, 300).unwrap();
+            }
+        };
+        cycle(&mut c);
+        assert_eq!(order.events(), vec![], "no stream wants A's blocks");
+        // B runs short (A's blocks are fresh: reaching them takes a synchronisation).
+        let p = allocate_from(&mut c, &order, B, 300, GRAIN)
+            .unwrap()
+            .unwrap();
+        assert_eq!(order.events(), vec![OrderEvent::SyncAll]);
+        cycle(&mut c);
+        cycle(&mut c);
+        assert_eq!(
+            order.events(),
+            vec![OrderEvent::SyncAll, OrderEvent::Mark(A)],
+            "one mark per shortage"
+        );
+        c.free("t", B, p.as_ptr() as usize, 300).unwrap();
         c.check_invariants().unwrap();
     }
 
