@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use carve::resource::{
     ArenaOptions, FixedSizeOptions, OrderEvent, PoolOptions, RecordingOrder, StreamOrder,
+    MARK_EVERY,
 };
 use carve::{
     ArenaMemoryResource, Error, FixedSizeMemoryResource, HostMemoryResource, MemoryResource,
@@ -48,25 +49,36 @@ fn a_free_is_reused_on_its_stream_without_any_ordering() {
     for p in many {
         free(&pool, a, p, 512);
     }
-    // The initial chunk is tagged with the default stream: taking it is the only wait.
-    let waits: Vec<_> = order.events();
-    assert_eq!(
-        waits,
-        vec![OrderEvent::Wait {
-            waiter: a,
-            signaller: StreamRef::DEFAULT
-        }]
-    );
-    // Another stream takes a's free memory only after one wait.
+    // Construction synchronised once (the initial chunk is free to every stream); 102 frees
+    // on `a` recorded nothing (RMM records an event on each): no other stream wanted memory.
+    assert_eq!(MARK_EVERY, 64);
+    assert_eq!(order.events(), vec![OrderEvent::SyncAll]);
+    // Another stream takes a's memory: unmarked frees are reached only through a device-wide
+    // synchronisation, never by naming `a` again.
     let r = pool.allocate(b, 1000, 256).unwrap();
+    assert_eq!(order.events(), vec![OrderEvent::SyncAll; 2]);
+    // Now that a stream ran short, 64 frees on `a` mark it; a third stream then takes a's
+    // sealed blocks with one wait.
+    let many: Vec<_> = (0..64)
+        .map(|_| pool.allocate(a, 512, 256).unwrap())
+        .collect();
+    for p in many {
+        free(&pool, a, p, 512);
+    }
+    let c = stream(2);
+    let q = pool.allocate(c, 1000, 256).unwrap();
     assert_eq!(
-        order.events().last(),
-        Some(&OrderEvent::Wait {
-            waiter: b,
-            signaller: a
-        })
+        &order.events()[2..],
+        &[
+            OrderEvent::Mark(a),
+            OrderEvent::Wait {
+                waiter: c,
+                signaller: a
+            }
+        ]
     );
     free(&pool, b, r, 1000);
+    free(&pool, c, q, 1000);
     pool.check_invariants().unwrap();
 }
 
@@ -89,15 +101,11 @@ fn free_blocks_of_all_streams_merge_before_the_pool_grows() {
     assert!((stats.fragmentation - 0.5).abs() < 1e-9);
     let whole = pool.allocate(c, 128 * KIB, 256).unwrap();
     assert_eq!(up.requests(), vec![128 * KIB], "no growth");
-    let waits = order.events();
-    assert!(waits.contains(&OrderEvent::Wait {
-        waiter: c,
-        signaller: a
-    }));
-    assert!(waits.contains(&OrderEvent::Wait {
-        waiter: c,
-        signaller: b
-    }));
+    // Construction, then the merge: one device-wide synchronisation, naming neither a nor b.
+    assert_eq!(
+        order.events(),
+        vec![OrderEvent::SyncAll, OrderEvent::SyncAll]
+    );
     free(&pool, c, whole, 128 * KIB);
     pool.check_invariants().unwrap();
 }
@@ -255,21 +263,58 @@ fn fixed_size_refuses_what_it_cannot_serve_and_hands_streams_over_once() {
         free(&mr, a, p, 1000);
     }
     assert!(order.events().is_empty(), "frees record nothing");
-    // b takes all of a's blocks with one wait, then serves 8 requests without another.
+    // b takes all of a's blocks with one synchronisation (a was never marked: 8 frees), then
+    // serves 8 requests without another.
     let again: Vec<_> = (0..8).map(|_| mr.allocate(b, 1000, 256).unwrap()).collect();
-    assert_eq!(
-        order.events(),
-        vec![OrderEvent::Wait {
-            waiter: b,
-            signaller: a
-        }]
-    );
+    assert_eq!(order.events(), vec![OrderEvent::SyncAll]);
     mr.check_invariants().unwrap();
     for p in again {
         free(&mr, b, p, 1000);
     }
     assert_eq!(mr.stats().slabs, 2);
     mr.check_invariants().unwrap();
+}
+
+#[test]
+fn fixed_size_hands_sealed_blocks_over_with_one_wait_on_the_last_mark() {
+    let order = Arc::new(RecordingOrder::new());
+    let n = MARK_EVERY as usize;
+    let opts = FixedSizeOptions::new(512)
+        .blocks_per_refill(MARK_EVERY)
+        .max_refills(1)
+        .order(order.clone());
+    let mr = FixedSizeMemoryResource::new(HostMemoryResource::new(), opts).unwrap();
+    let (a, b) = (stream(0), stream(1));
+    let blocks: Vec<_> = (0..n).map(|_| mr.allocate(a, 512, 256).unwrap()).collect();
+    // b runs short (every block is live): from now on, frees on a are worth a mark.
+    let short = mr.allocate(b, 512, 256).unwrap_err();
+    assert!(short.is_out_of_memory(), "{short}");
+    assert!(order.events().is_empty());
+    for &p in &blocks {
+        free(&mr, a, p, 512);
+    }
+    assert_eq!(order.events(), vec![OrderEvent::Mark(a)]);
+    let again: Vec<_> = (0..n).map(|_| mr.allocate(b, 512, 256).unwrap()).collect();
+    assert_eq!(
+        order.events(),
+        vec![
+            OrderEvent::Mark(a),
+            OrderEvent::Wait {
+                waiter: b,
+                signaller: a
+            }
+        ]
+    );
+    assert!(
+        mr.allocate(b, 512, 256).is_err(),
+        "one refill, all handed out"
+    );
+    mr.check_invariants().unwrap();
+    for p in again {
+        free(&mr, b, p, 512);
+    }
+    mr.check_invariants().unwrap();
+    assert_eq!(mr.stats().blocks_in_use, 0);
 }
 
 #[test]

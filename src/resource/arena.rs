@@ -12,7 +12,7 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::pool::core::{allocate_from, PoolCore, GRAIN};
+use super::pool::core::{allocate_from, free_into, PoolCore, GRAIN};
 use super::stream_order::default_order;
 use super::{
     check_request, MemoryResource, PoolMemoryResource, PoolOptions, PoolStats, Properties,
@@ -207,7 +207,8 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
         }
         let sb = self.inner.superblock;
         let base = self.inner.global.allocate(stream, sb, GRAIN)?;
-        core.index.add_chunk(base.as_ptr() as usize, sb, stream);
+        core.index
+            .add_chunk(base.as_ptr() as usize, sb, Some(stream));
         core.index
             .take(stream, bytes, align)
             .ok_or_else(|| Error::OutOfMemory {
@@ -239,7 +240,15 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
             if !core.index.owns(addr) && i != mine {
                 continue;
             }
-            match core.index.free(NAME, stream, addr, bytes) {
+            let freed = free_into(
+                &mut core.index,
+                &*self.inner.order,
+                NAME,
+                stream,
+                addr,
+                bytes,
+            );
+            match freed {
                 Ok(Some(empty)) => {
                     let spare_still_empty = core
                         .spare

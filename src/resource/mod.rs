@@ -33,7 +33,7 @@ pub use pinned::{
 };
 pub use pool::{PoolMemoryResource, PoolOptions, PoolStats};
 pub use simulated::{SimulatedMemoryResource, SimulatedUsage};
-pub use stream_order::{CudaOrder, HostOrder, OrderEvent, RecordingOrder, StreamOrder};
+pub use stream_order::{CudaOrder, HostOrder, OrderEvent, RecordingOrder, StreamOrder, MARK_EVERY};
 
 use std::fmt;
 use std::ptr::NonNull;

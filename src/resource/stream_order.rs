@@ -2,27 +2,45 @@
 //! runs (and is tested) without a GPU.
 //!
 //! A block freed on stream A is reused on A at once. Handing it to stream B needs B to wait for
-//! A's work up to that free. The suballocators never record anything on a free; they call
-//! [`StreamOrder::order_after`] only when one stream takes free memory from another, and then
-//! take *all* of that stream's free blocks, so one wait covers many frees.
+//! A's work up to that free. The suballocators record nothing on a free; while streams run
+//! short, every [`MARK_EVERY`] frees on A they [`mark`](StreamOrder::mark) A (capture its work
+//! so far), and B waits on A's last mark for blocks it covers. Blocks freed since are reached only through
+//! [`synchronize_all`](StreamOrder::synchronize_all). So a suballocator names a stream to the
+//! driver only inside a call on that stream: a stream may be destroyed while blocks freed on
+//! it sit in a pool.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cudarc::driver::result;
-
 use super::MemoryResource;
 use crate::driver::{Device, Event};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::stream::StreamRef;
+
+/// A suballocator marks a stream at most once per this many frees on it, and only if some
+/// stream ran short of its own blocks since the stream's last mark (RMM records an event on
+/// every free). Only blocks freed before a stream's last mark cross to another stream with one
+/// wait; the rest, after a device-wide synchronisation.
+pub const MARK_EVERY: u32 = 64;
 
 /// Orders work between streams on behalf of a suballocator.
 pub trait StreamOrder: Send + Sync + fmt::Debug {
-    /// Makes work queued on `waiter` from now on wait for all work queued so far on
-    /// `signaller`. A no-op when they are the same stream.
-    fn order_after(&self, waiter: StreamRef, signaller: StreamRef) -> Result<()>;
+    /// Captures the work queued so far on `stream`, for later
+    /// [`wait_for_mark`](Self::wait_for_mark)s. Called only while the caller uses `stream`.
+    fn mark(&self, stream: StreamRef) -> Result<()>;
 
-    /// Blocks the calling thread until the work queued so far on `stream` is done.
+    /// Makes work queued on `waiter` from now on wait for the work `signaller` had queued at its
+    /// last [`mark`](Self::mark) (for all of it, if it was never marked). `waiter` is in use by
+    /// the caller; `signaller` may have been destroyed, so it is never passed to the driver.
+    fn wait_for_mark(&self, waiter: StreamRef, signaller: StreamRef) -> Result<()>;
+
+    /// Blocks the calling thread until all work queued so far on every stream of the device is
+    /// done, naming no stream.
+    fn synchronize_all(&self) -> Result<()>;
+
+    /// Blocks the calling thread until the work queued so far on `stream` (in use by the
+    /// caller) is done.
     fn synchronize(&self, stream: StreamRef) -> Result<()>;
 }
 
@@ -32,7 +50,13 @@ pub trait StreamOrder: Send + Sync + fmt::Debug {
 pub struct HostOrder;
 
 impl StreamOrder for HostOrder {
-    fn order_after(&self, _waiter: StreamRef, _signaller: StreamRef) -> Result<()> {
+    fn mark(&self, _stream: StreamRef) -> Result<()> {
+        Ok(())
+    }
+    fn wait_for_mark(&self, _waiter: StreamRef, _signaller: StreamRef) -> Result<()> {
+        Ok(())
+    }
+    fn synchronize_all(&self) -> Result<()> {
         Ok(())
     }
     fn synchronize(&self, _stream: StreamRef) -> Result<()> {
@@ -50,11 +74,15 @@ pub struct RecordingOrder {
 /// One request seen by [`RecordingOrder`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OrderEvent {
-    /// `order_after(waiter, signaller)` with distinct streams.
+    /// `mark(stream)`.
+    Mark(StreamRef),
+    /// `wait_for_mark(waiter, signaller)` with distinct streams.
     Wait {
         waiter: StreamRef,
         signaller: StreamRef,
     },
+    /// `synchronize_all()`.
+    SyncAll,
     /// `synchronize(stream)`.
     Sync(StreamRef),
 }
@@ -72,30 +100,44 @@ impl RecordingOrder {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
+
+    fn push(&self, e: OrderEvent) {
+        self.log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(e);
+    }
 }
 
 impl StreamOrder for RecordingOrder {
-    fn order_after(&self, waiter: StreamRef, signaller: StreamRef) -> Result<()> {
+    fn mark(&self, stream: StreamRef) -> Result<()> {
+        self.push(OrderEvent::Mark(stream));
+        Ok(())
+    }
+    fn wait_for_mark(&self, waiter: StreamRef, signaller: StreamRef) -> Result<()> {
         if waiter != signaller {
-            let mut log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
-            log.push(OrderEvent::Wait { waiter, signaller });
+            self.push(OrderEvent::Wait { waiter, signaller });
         }
         Ok(())
     }
+    fn synchronize_all(&self) -> Result<()> {
+        self.push(OrderEvent::SyncAll);
+        Ok(())
+    }
     fn synchronize(&self, stream: StreamRef) -> Result<()> {
-        let mut log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
-        log.push(OrderEvent::Sync(stream));
+        self.push(OrderEvent::Sync(stream));
         Ok(())
     }
 }
 
-/// Device ordering: one reusable event, recorded on the signalling stream and waited on by the
-/// other (`cuEventRecord` + `cuStreamWaitEvent`; the wait captures the record at call time, so
-/// one event serves every request).
+/// Device ordering: one event per stream, recorded by [`mark`](StreamOrder::mark) while the
+/// stream is in use and waited on with `cuStreamWaitEvent` (the wait captures the record at call
+/// time, so re-recording later is safe). Events belong to this object, so a wait never touches
+/// the signalling stream.
 #[derive(Debug)]
 pub struct CudaOrder {
     device: Device,
-    event: Mutex<Option<Event>>,
+    events: Mutex<HashMap<StreamRef, Event>>,
 }
 
 impl CudaOrder {
@@ -103,31 +145,48 @@ impl CudaOrder {
     pub fn new(device: &Device) -> Self {
         CudaOrder {
             device: device.clone(),
-            event: Mutex::new(None),
+            events: Mutex::new(HashMap::new()),
         }
     }
 }
 
 impl StreamOrder for CudaOrder {
-    fn order_after(&self, waiter: StreamRef, signaller: StreamRef) -> Result<()> {
+    fn mark(&self, stream: StreamRef) -> Result<()> {
+        self.device.bind()?;
+        let mut events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        let event = match events.entry(stream) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(Event::new(&self.device, false)?)
+            }
+        };
+        event.record(stream)
+    }
+
+    fn wait_for_mark(&self, waiter: StreamRef, signaller: StreamRef) -> Result<()> {
         if waiter == signaller {
             return Ok(());
         }
         self.device.bind()?;
-        let mut slot = self.event.lock().unwrap_or_else(PoisonError::into_inner);
-        let event = match slot.as_mut() {
-            Some(e) => e,
-            None => slot.insert(Event::new(&self.device, false)?),
-        };
-        event.record(signaller)?;
-        event.wait_on(waiter)
+        let events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        match events.get(&signaller) {
+            Some(e) => e.wait_on(waiter),
+            None => {
+                drop(events);
+                self.synchronize_all()
+            }
+        }
+    }
+
+    fn synchronize_all(&self) -> Result<()> {
+        self.device.synchronize()
     }
 
     fn synchronize(&self, stream: StreamRef) -> Result<()> {
         self.device.bind()?;
-        // SAFETY: `StreamRef`'s contract keeps the stream valid while it is passed to us.
-        unsafe { result::stream::synchronize(stream.as_raw()) }
-            .map_err(|e| Error::driver("cuStreamSynchronize", e))
+        // SAFETY: the caller is using `stream`, so `StreamRef`'s contract keeps it valid.
+        unsafe { cudarc::driver::result::stream::synchronize(stream.as_raw()) }
+            .map_err(|e| crate::error::Error::driver("cuStreamSynchronize", e))
     }
 }
 
@@ -148,19 +207,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn recording_order_logs_only_cross_stream_waits() {
+    fn recording_order_logs_marks_cross_stream_waits_and_syncs() {
         let o = RecordingOrder::new();
         let (a, b) = (StreamRef::simulated(1), StreamRef::simulated(2));
-        o.order_after(a, a).unwrap();
-        o.order_after(a, b).unwrap();
+        o.mark(b).unwrap();
+        o.wait_for_mark(a, a).unwrap();
+        o.wait_for_mark(a, b).unwrap();
+        o.synchronize_all().unwrap();
         o.synchronize(b).unwrap();
         assert_eq!(
             o.events(),
             vec![
+                OrderEvent::Mark(b),
                 OrderEvent::Wait {
                     waiter: a,
                     signaller: b
                 },
+                OrderEvent::SyncAll,
                 OrderEvent::Sync(b)
             ]
         );

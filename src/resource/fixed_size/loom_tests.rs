@@ -80,9 +80,18 @@ fn aba_cannot_install_a_stale_next() {
 }
 
 fn small_resource(per_refill: u32) -> FixedSizeMemoryResource<HostMemoryResource> {
+    small_resource_with(per_refill, 4)
+}
+
+/// At most `refills` refills. Models that run past one refill inside the model depend on where
+/// the system allocator puts slabs, so models with two threads take one refill, made up front.
+fn small_resource_with(
+    per_refill: u32,
+    refills: usize,
+) -> FixedSizeMemoryResource<HostMemoryResource> {
     let opts = FixedSizeOptions::new(256)
         .blocks_per_refill(per_refill)
-        .max_refills(4)
+        .max_refills(refills)
         .order(std::sync::Arc::new(HostOrder));
     FixedSizeMemoryResource::new(HostMemoryResource::new(), opts).unwrap()
 }
@@ -119,7 +128,8 @@ fn alloc_races_refill_without_leak_or_double_handout() {
 #[test]
 fn alloc_free_across_streams_with_stealing() {
     loom::model(|| {
-        let mr = small_resource(1);
+        // Two blocks, one slab: b must take a's spare, and then p once it is freed.
+        let mr = small_resource_with(2, 1);
         let (a, b) = (StreamRef::simulated(1), StreamRef::simulated(2));
         let p = mr.allocate(a, 256, 256).unwrap();
         let mr2 = mr.clone();
@@ -132,6 +142,35 @@ fn alloc_free_across_streams_with_stealing() {
         let r = mr.allocate(b, 256, 256).unwrap();
         assert_ne!(q, r);
         assert_eq!(mr.stats().blocks_in_use, 2);
+        mr.check_invariants().unwrap();
+    });
+}
+
+/// Sealing races with stealing: one thread frees two blocks on `a` (the second free seals them
+/// under a mark if `b` ran short by then) while another allocates twice on `b` with no refill
+/// left (taking a's sealed stack or gathering its fresh blocks). Every block is handed out once and none is lost.
+#[test]
+fn sealing_races_with_stealing_without_loss_or_double_handout() {
+    loom::model(|| {
+        // One slab of 4 blocks, and no second refill: b must take a's blocks.
+        let mr = small_resource_with(4, 1);
+        let (a, b) = (StreamRef::simulated(1), StreamRef::simulated(2));
+        let p = mr.allocate(a, 256, 256).unwrap();
+        let q = mr.allocate(a, 256, 256).unwrap();
+        let mr2 = mr.clone();
+        let t = thread::spawn(move || {
+            for x in [p, q] {
+                // SAFETY: allocated above on `a`, freed once.
+                unsafe { mr2.deallocate(a, x, 256, 256) }.unwrap();
+            }
+        });
+        let r = mr.allocate(b, 256, 256).unwrap();
+        let s = mr.allocate(b, 256, 256).unwrap();
+        t.join().unwrap();
+        assert_ne!(r, s);
+        let stats = mr.stats();
+        assert_eq!(stats.blocks_in_use, 2);
+        assert_eq!(stats.slabs, 1, "{stats:?}");
         mr.check_invariants().unwrap();
     });
 }

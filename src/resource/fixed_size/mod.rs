@@ -1,11 +1,17 @@
 //! [`FixedSizeMemoryResource`]: blocks of one size, carved from slabs the upstream supplies,
 //! kept on lock-free Treiber stacks ([`stack`]).
 //!
-//! Each stream gets its own stack (one of a fixed set of slots), so a block freed on stream A
-//! is reused on A at once and no free records an event. A stream whose stack runs dry first
-//! takes another stream's whole stack (one wait orders it after all those frees), then
-//! refills from the upstream under a lock that only refills take. All bookkeeping (links,
-//! live bits, slab table) is host memory, never the blocks themselves.
+//! Each stream gets its own stacks (one of a fixed set of slots), so a block freed on stream A
+//! is reused on A at once and no free records an event. Frees go to A's *fresh* stack; while
+//! some stream runs short, every [`MARK_EVERY`] frees A is marked and its fresh blocks move to
+//! its *sealed* stack. A stream whose stacks run dry refills from the upstream (under a lock
+//! that only refills take), so streams on different threads never share blocks while memory
+//! lasts; once refills fail, it takes another stream's whole sealed stack (one wait on that
+//! stream's last mark), then, after one device-wide synchronisation, the other streams' fresh
+//! blocks. No
+//! stream but the caller's is ever named to the driver, so streams may die while blocks freed on
+//! them sit here. All bookkeeping (links, live bits, slab table) is host memory, never the
+//! blocks themselves.
 
 mod lookup;
 #[cfg(all(test, carve_loom))]
@@ -17,17 +23,23 @@ use std::ptr::NonNull;
 
 use self::lookup::SlabLookup;
 use self::stack::{chain_tail, Links, TaggedStack, NIL};
-use super::stream_order::default_order;
+use super::stream_order::{default_order, MARK_EVERY};
 use super::{align_up, check_request, MemoryResource, Properties, StreamOrder, DEFAULT_ALIGNMENT};
 use crate::error::{Error, Result};
 use crate::stream::StreamRef;
 use crate::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::sync::Mutex;
+use crate::sync::{spin_loop, Mutex};
 
 const NAME: &str = "FixedSizeMemoryResource";
 const GRAIN: usize = DEFAULT_ALIGNMENT;
+
+/// Frees per mark: loom models use 2, so that sealing races with stealing in a small model.
+#[cfg(not(carve_loom))]
+const FREES_PER_MARK: u32 = MARK_EVERY;
+#[cfg(carve_loom)]
+const FREES_PER_MARK: u32 = 2;
 
 #[cfg(not(carve_loom))]
 const STREAM_SLOTS: usize = 64;
@@ -111,12 +123,18 @@ impl<R: MemoryResource> Clone for FixedSizeMemoryResource<R> {
     }
 }
 
-/// One stream's stack, on its own cache lines so streams on different threads do not share.
+/// One stream's stacks, on their own cache lines so streams on different threads do not share.
+/// (The slot's stream key lives apart, in `Inner::keys`, so that finding a slot reads only
+/// lines nobody writes.)
 #[repr(align(128))]
 struct Slot {
-    /// `StreamRef::id() + 1`, or 0 while unclaimed.
-    stream: AtomicUsize,
-    stack: TaggedStack,
+    /// Freed since the stream's last mark.
+    fresh: TaggedStack,
+    /// Covered by the stream's last mark.
+    sealed: TaggedStack,
+    frees: AtomicU32,
+    /// `Inner::demand` at the stream's last mark.
+    demand_seen: AtomicUsize,
 }
 
 struct Slab {
@@ -132,9 +150,16 @@ struct Inner<R: MemoryResource> {
     per_slab: u32,
     max_slabs: usize,
     order: Arc<dyn StreamOrder>,
+    /// Per slot: `StreamRef::id() + 1`, or 0 while unclaimed. Written once per slot.
+    keys: Box<[AtomicUsize]>,
     slots: Box<[Slot]>,
     /// Blocks whose frees are known complete (from streams without a slot).
     ready: TaggedStack,
+    /// Bumped whenever a stream runs dry: marks are worth their driver call only then.
+    demand: AtomicUsize,
+    /// Bumped as each seal starts and ends (odd while blocks are on no stack). Concurrent
+    /// seals may pair oddly, but any seal during a scan changes it.
+    seal_epoch: AtomicUsize,
     /// `Box<Slab>` pointers, published once and freed only on drop.
     slabs: Box<[AtomicUsize]>,
     slab_count: AtomicUsize,
@@ -162,24 +187,29 @@ impl<R: MemoryResource> Inner<R> {
 
     fn slot_of(&self, stream: StreamRef) -> Option<&Slot> {
         let key = stream.id().wrapping_add(1);
-        if let Some(s) = self
-            .slots
+        if let Some(i) = self
+            .keys
             .iter()
-            .find(|s| s.stream.load(Ordering::Acquire) == key)
+            .position(|k| k.load(Ordering::Acquire) == key)
         {
-            return Some(s);
+            return Some(&self.slots[i]);
         }
-        for s in self.slots.iter() {
-            match s
-                .stream
-                .compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return Some(s),
-                Err(k) if k == key => return Some(s),
+        for (i, k) in self.keys.iter().enumerate() {
+            match k.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(&self.slots[i]),
+                Err(k) if k == key => return Some(&self.slots[i]),
                 Err(_) => {}
             }
         }
         None
+    }
+
+    /// The stream a claimed slot belongs to.
+    fn stream_of(&self, slot: usize) -> StreamRef {
+        let key = self.keys[slot].load(Ordering::Acquire);
+        // SAFETY: `key - 1` is the id of a `StreamRef` a caller passed us. It is used only as a
+        // key (`wait_for_mark` never hands the signaller to the driver).
+        unsafe { StreamRef::from_raw(key.wrapping_sub(1) as _) }
     }
 
     fn address(&self, index: u32) -> usize {
@@ -196,50 +226,111 @@ impl<R: MemoryResource> Inner<R> {
     /// A free block for `stream`, ordered after any other stream it came from.
     fn pop_for(&self, stream: StreamRef) -> Result<u32> {
         let slot = self.slot_of(stream);
-        if let Some(i) = slot.and_then(|s| s.stack.pop(self)) {
-            return Ok(i);
-        }
-        if let Some(i) = self.ready.pop(self) {
-            return Ok(i);
-        }
-        if let Some(mine) = slot {
-            if let Some(i) = self.steal(stream, mine)? {
+        loop {
+            let epoch = self.seal_epoch.load(Ordering::Acquire);
+            if let Some(s) = slot {
+                if let Some(i) = s.fresh.pop(self).or_else(|| s.sealed.pop(self)) {
+                    return Ok(i);
+                }
+            }
+            if let Some(i) = self.ready.pop(self) {
                 return Ok(i);
             }
+            let short = match self.refill(stream, slot) {
+                Err(e) if e.is_out_of_memory() => e,
+                done => return done,
+            };
+            self.demand.fetch_add(1, Ordering::Relaxed);
+            if let Some(mine) = slot {
+                if let Some(i) = self.steal(stream, mine)? {
+                    return Ok(i);
+                }
+            }
+            if let Some(i) = self.gather_fresh(slot)? {
+                return Ok(i);
+            }
+            // Blocks being sealed are on no stack for a moment, and a seal that ran during the
+            // scan may have moved blocks behind it: look again before giving up.
+            let now = self.seal_epoch.load(Ordering::Acquire);
+            if now == epoch && now % 2 == 0 {
+                return Err(short);
+            }
+            spin_loop();
         }
-        self.refill(stream, slot)
     }
 
-    /// Takes another stream's whole stack: detach first, then wait, so the wait covers every
-    /// free in the detached chain.
+    /// Takes another stream's whole sealed stack: detach first, then wait on that stream's last
+    /// mark, which was recorded after every block in the chain was sealed.
     fn steal(&self, stream: StreamRef, mine: &Slot) -> Result<Option<u32>> {
-        for other in self.slots.iter() {
-            let key = other.stream.load(Ordering::Acquire);
-            if key == 0 || std::ptr::eq(other, mine) || other.stack.is_empty() {
+        for (i, other) in self.slots.iter().enumerate() {
+            if std::ptr::eq(other, mine) || other.sealed.is_empty() {
                 continue;
             }
-            let Some(first) = other.stack.take_all() else {
+            let Some(first) = other.sealed.take_all() else {
                 continue;
             };
-            // SAFETY: `key - 1` is the id of a `StreamRef` a caller passed us; rebuilding it
-            // yields the same handle, which the driver validates.
-            let victim = unsafe { StreamRef::from_raw(key.wrapping_sub(1) as _) };
-            if let Err(e) = self.order.order_after(stream, victim) {
-                other.stack.push_chain(self, first, chain_tail(self, first));
+            if let Err(e) = self.order.wait_for_mark(stream, self.stream_of(i)) {
+                other
+                    .sealed
+                    .push_chain(self, first, chain_tail(self, first));
                 return Err(e);
             }
             let rest = self.next(first).load(Ordering::Relaxed);
             if rest != NIL {
-                mine.stack.push_chain(self, rest, chain_tail(self, rest));
+                mine.fresh.push_chain(self, rest, chain_tail(self, rest));
             }
             return Ok(Some(first));
         }
         Ok(None)
     }
 
+    /// Once refills fail: detaches every other stream's fresh blocks, waits for all device
+    /// work, and makes them free to any stream.
+    fn gather_fresh(&self, mine: Option<&Slot>) -> Result<Option<u32>> {
+        let others = || {
+            self.slots
+                .iter()
+                .filter(move |s| !mine.is_some_and(|m| std::ptr::eq(*s, m)))
+        };
+        if others().all(|s| s.fresh.is_empty()) {
+            return Ok(None);
+        }
+        let chains: Vec<u32> = others().filter_map(|s| s.fresh.take_all()).collect();
+        let synced = self.order.synchronize_all();
+        for &first in &chains {
+            self.ready.push_chain(self, first, chain_tail(self, first));
+        }
+        synced?;
+        Ok(self.ready.pop(self))
+    }
+
+    /// Records a free on `slot`; every `FREES_PER_MARK` frees, marks the stream and seals its
+    /// fresh blocks (detached before the mark, so the mark covers them all).
+    fn push_free(&self, stream: StreamRef, slot: &Slot, index: u32) {
+        slot.fresh.push(self, index);
+        let n = slot.frees.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        if n % FREES_PER_MARK != 0 {
+            return;
+        }
+        let demand = self.demand.load(Ordering::Relaxed);
+        if slot.demand_seen.swap(demand, Ordering::Relaxed) == demand {
+            return;
+        }
+        self.seal_epoch.fetch_add(1, Ordering::AcqRel);
+        if let Some(first) = slot.fresh.take_all() {
+            let last = chain_tail(self, first);
+            // A failed mark leaves the blocks fresh (reachable after a synchronisation).
+            match self.order.mark(stream) {
+                Ok(()) => slot.sealed.push_chain(self, first, last),
+                Err(_) => slot.fresh.push_chain(self, first, last),
+            }
+        }
+        self.seal_epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
     fn refill(&self, stream: StreamRef, slot: Option<&Slot>) -> Result<u32> {
         let _guard = self.refill.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = slot.and_then(|s| s.stack.pop(self)) {
+        if let Some(i) = slot.and_then(|s| s.fresh.pop(self)) {
             return Ok(i);
         }
         if let Some(i) = self.ready.pop(self) {
@@ -272,7 +363,7 @@ impl<R: MemoryResource> Inner<R> {
         if per > 1 {
             let (head, last) = (first + 1, first + per - 1);
             match slot {
-                Some(s) => s.stack.push_chain(self, head, last),
+                Some(s) => s.fresh.push_chain(self, head, last),
                 None => {
                     self.order.synchronize(stream)?;
                     self.ready.push_chain(self, head, last);
@@ -337,13 +428,18 @@ impl<R: MemoryResource> FixedSizeMemoryResource<R> {
                 per_slab,
                 max_slabs,
                 order,
+                keys: (0..STREAM_SLOTS).map(|_| AtomicUsize::new(0)).collect(),
                 slots: (0..STREAM_SLOTS)
                     .map(|_| Slot {
-                        stream: AtomicUsize::new(0),
-                        stack: TaggedStack::new(),
+                        fresh: TaggedStack::new(),
+                        sealed: TaggedStack::new(),
+                        frees: AtomicU32::new(0),
+                        demand_seen: AtomicUsize::new(0),
                     })
                     .collect(),
                 ready: TaggedStack::new(),
+                demand: AtomicUsize::new(0),
+                seal_epoch: AtomicUsize::new(0),
                 slabs: (0..max_slabs).map(|_| AtomicUsize::new(0)).collect(),
                 slab_count: AtomicUsize::new(0),
                 lookup: SlabLookup::with_capacity(max_slabs),
@@ -387,7 +483,11 @@ impl<R: MemoryResource> FixedSizeMemoryResource<R> {
         let stats = self.stats();
         let total = stats.total_blocks;
         let mut seen = vec![false; total];
-        let stacks = inner.slots.iter().map(|s| &s.stack).chain([&inner.ready]);
+        let stacks = inner
+            .slots
+            .iter()
+            .flat_map(|s| [&s.fresh, &s.sealed])
+            .chain([&inner.ready]);
         for stack in stacks {
             for i in stack.snapshot(inner, total) {
                 let Some(flag) = seen.get_mut(i as usize) else {
@@ -417,7 +517,7 @@ impl<R: MemoryResource> FixedSizeMemoryResource<R> {
 // SAFETY: blocks are disjoint `stride`-sized pieces of upstream slabs, each 256-byte aligned
 // (the slab is, and the stride is a multiple of 256); a block is handed out only when popped from
 // a stack, which holds each index at most once (checked by `check_invariants`, loom models), and
-// crosses streams only after `order_after`.
+// crosses streams only after a wait on the freeing stream's mark or a device-wide sync.
 unsafe impl<R: MemoryResource> MemoryResource for FixedSizeMemoryResource<R> {
     fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, 1)?;
@@ -478,7 +578,7 @@ unsafe impl<R: MemoryResource> MemoryResource for FixedSizeMemoryResource<R> {
         }
         let index = n * inner.per_slab + b as u32;
         match inner.slot_of(stream) {
-            Some(slot) => slot.stack.push(inner, index),
+            Some(slot) => inner.push_free(stream, slot, index),
             None => {
                 if let Err(e) = inner.order.synchronize(stream) {
                     slab.live[b / 64].fetch_or(bit, Ordering::Relaxed);
@@ -497,6 +597,9 @@ unsafe impl<R: MemoryResource> MemoryResource for FixedSizeMemoryResource<R> {
 
 impl<R: MemoryResource> Drop for Inner<R> {
     fn drop(&mut self) {
+        // Queued work on any stream may still use blocks; the upstream may reuse slabs at once.
+        // Drop cannot report a failure.
+        let _ = self.order.synchronize_all();
         let span = self.per_slab as usize * self.stride;
         for n in 0..self.slab_count.load(Ordering::Acquire) {
             let raw = self.slabs[n].load(Ordering::Acquire);

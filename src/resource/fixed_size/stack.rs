@@ -40,8 +40,10 @@ impl TaggedStack {
         }
     }
 
+    /// Acquire, so that a caller who sees a stack emptied by `take_all` also sees what the
+    /// taker did before (the fixed-size resource's seal epoch relies on it).
     pub fn is_empty(&self) -> bool {
-        index(self.head.load(Ordering::Relaxed)) == NIL
+        index(self.head.load(Ordering::Acquire)) == NIL
     }
 
     /// Pops one index.
@@ -88,7 +90,8 @@ impl TaggedStack {
 
     /// Detaches the whole stack; returns the first index of the chain (ending in [`NIL`]).
     pub fn take_all(&self) -> Option<u32> {
-        let mut head = self.head.load(Ordering::Relaxed);
+        // Acquire even when it finds the stack empty (see `is_empty`).
+        let mut head = self.head.load(Ordering::Acquire);
         loop {
             if index(head) == NIL {
                 return None;
@@ -96,7 +99,7 @@ impl TaggedStack {
             let new = pack(generation(head).wrapping_add(1), NIL);
             match self
                 .head
-                .compare_exchange_weak(head, new, Ordering::Acquire, Ordering::Relaxed)
+                .compare_exchange_weak(head, new, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => return Some(index(head)),
                 Err(now) => head = now,

@@ -1,22 +1,43 @@
 //! The coalescing block index shared by the pool and the arena's per-thread arenas.
 //!
-//! Plain host bookkeeping over address ranges (it never touches the memory): upstream chunks,
-//! free blocks indexed by address (to coalesce) and per stream by `(size, address)` (best fit in
-//! O(log n)), and live blocks by address (to validate frees). Free blocks carry the stream they
-//! were freed on and merge only with neighbours of the same stream and chunk.
+//! Plain host bookkeeping over address ranges (it never touches the memory). Blocks are nodes
+//! in one array, linked to their neighbours in the chunk, so a free coalesces in O(1); free
+//! blocks are filed in TLSF indexes ([`super::tlsf`]), so a fit is found in O(1); live blocks
+//! are found by address in a hash map. Nothing allocates per operation once the arrays have
+//! grown.
+//!
+//! **Streams.** A free block belongs to one of:
+//! - the stream it was freed on, *fresh* (freed since that stream's last mark) or *sealed*
+//!   (covered by a mark: an event recorded on the stream while it was in use, at most once per
+//!   [`MARK_EVERY`] frees and only while some stream runs short, never on every free);
+//! - nobody (*any*): its last use is known complete, so every stream may take it.
+//!
+//! A stream takes its own blocks and *any* blocks freely; another stream's sealed blocks after
+//! one wait on that stream's last mark; and everything else only after a device-wide
+//! synchronisation, which turns every free block into an *any* block. So the pool never names a
+//! stream to the driver outside a call on that stream: streams may be destroyed while blocks
+//! freed on them sit in the pool.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::ptr::NonNull;
 
+use super::tlsf::{FreeLinks, Tlsf, NIL};
 use crate::error::{Error, Result};
 use crate::resource::{align_up, DEFAULT_ALIGNMENT};
 use crate::stream::StreamRef;
 
+use super::super::stream_order::MARK_EVERY;
 use super::super::StreamOrder;
 
 /// Every block is a multiple of this, at an address aligned to it.
 pub(crate) const GRAIN: usize = DEFAULT_ALIGNMENT;
+
+/// `Node::bin` of a live block, and of a node on the spare list.
+const LIVE: u32 = u32::MAX;
+const SPARE: u32 = u32::MAX - 1;
+/// The bin of blocks any stream may take.
+const ANY: u32 = 0;
 
 /// Keys are distinct 256-byte-aligned addresses: a multiply-shift hash spreads them well and
 /// costs far less than SipHash, which no attacker-chosen key here needs.
@@ -40,15 +61,50 @@ impl Hasher for AddrHasher {
 type AddrMap<V> = HashMap<usize, V, BuildHasherDefault<AddrHasher>>;
 
 #[derive(Clone, Copy, Debug)]
-struct Free {
+struct Node {
+    addr: usize,
     size: usize,
-    stream: StreamRef,
+    /// Requested bytes, while live.
+    bytes: usize,
+    /// Neighbours in the chunk (NIL at its ends).
+    phys: (u32, u32),
+    /// Free-list links, while filed.
+    link: (u32, u32),
+    /// The bin it is filed in, or LIVE / SPARE.
+    bin: u32,
 }
 
+impl FreeLinks for Vec<Node> {
+    #[inline]
+    fn units(&self, node: u32) -> usize {
+        self[node as usize].size / GRAIN
+    }
+    #[inline]
+    fn link(&mut self, node: u32) -> &mut (u32, u32) {
+        &mut self[node as usize].link
+    }
+}
+
+/// A stream's two bins: fresh is `2 * tag + 1`, sealed `2 * tag + 2`.
 #[derive(Clone, Copy, Debug)]
-struct Live {
-    size: usize,
-    bytes: usize,
+struct Tag {
+    stream: StreamRef,
+    frees_since_mark: u32,
+    /// `PoolCore::demand` at this stream's last mark.
+    demand_seen: u64,
+}
+
+#[inline]
+fn fresh_bin(tag: usize) -> u32 {
+    2 * tag as u32 + 1
+}
+#[inline]
+fn sealed_bin(tag: usize) -> u32 {
+    2 * tag as u32 + 2
+}
+#[inline]
+fn tag_of_bin(bin: u32) -> Option<usize> {
+    (bin != ANY).then(|| (bin as usize - 1) / 2)
 }
 
 /// A chunk that a free left wholly free.
@@ -59,14 +115,48 @@ pub(crate) struct EmptyChunk {
     pub stream: StreamRef,
 }
 
-#[derive(Debug, Default)]
+/// What a free did beyond freeing.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Freed {
+    /// The block's chunk, if it is now wholly free.
+    pub empty: Option<EmptyChunk>,
+    /// The stream is due a mark (then call [`PoolCore::seal`]): [`MARK_EVERY`] frees since
+    /// its last, and some stream ran short of its own blocks since.
+    pub mark_due: bool,
+}
+
+#[derive(Debug)]
 pub(crate) struct PoolCore {
-    chunks: BTreeMap<usize, usize>,
-    free: BTreeMap<usize, Free>,
-    by_size: Vec<(StreamRef, BTreeSet<(usize, usize)>)>,
-    live: AddrMap<Live>,
+    nodes: Vec<Node>,
+    spare: Vec<u32>,
+    bins: Vec<Tlsf>,
+    tags: Vec<Tag>,
+    last_tag: usize,
+    live: AddrMap<u32>,
+    /// Chunk base -> (size, the node at the base, which is never merged away).
+    chunks: BTreeMap<usize, (usize, u32)>,
+    /// Bumped whenever a stream runs short of its own blocks: marks are worth their driver
+    /// call only while some stream may want another's blocks.
+    demand: u64,
     pool_size: usize,
     in_use: usize,
+}
+
+impl Default for PoolCore {
+    fn default() -> Self {
+        PoolCore {
+            nodes: Vec::new(),
+            spare: Vec::new(),
+            bins: vec![Tlsf::default()],
+            tags: Vec::new(),
+            last_tag: 0,
+            live: AddrMap::default(),
+            chunks: BTreeMap::new(),
+            demand: 0,
+            pool_size: 0,
+            in_use: 0,
+        }
+    }
 }
 
 /// Block size and search size for a checked request (`align >= GRAIN`).
@@ -89,288 +179,475 @@ impl PoolCore {
     pub fn chunk_count(&self) -> usize {
         self.chunks.len()
     }
-    pub fn largest_free(&self) -> usize {
-        self.by_size
+    pub fn largest_free(&mut self) -> usize {
+        let nodes = &mut self.nodes;
+        self.bins
             .iter()
-            .filter_map(|(_, set)| set.last().map(|&(s, _)| s))
+            .map(|b| b.largest(nodes))
             .max()
             .unwrap_or(0)
+            * GRAIN
     }
     /// True when `ptr` is a live block of this core.
     pub fn owns(&self, ptr: usize) -> bool {
         self.live.contains_key(&ptr)
     }
 
-    /// Adds an upstream chunk (GRAIN-aligned base and size), free on `stream`.
-    pub fn add_chunk(&mut self, base: usize, size: usize, stream: StreamRef) {
+    /// Adds an upstream chunk (GRAIN-aligned base and size): fresh on `stream`, or free to any
+    /// stream with `None` (its allocation is known complete).
+    pub fn add_chunk(&mut self, base: usize, size: usize, stream: Option<StreamRef>) {
         debug_assert!(base % GRAIN == 0 && size % GRAIN == 0 && size > 0);
-        self.chunks.insert(base, size);
+        let n = self.new_node(base, size, (NIL, NIL));
+        self.chunks.insert(base, (size, n));
         self.pool_size += size;
-        self.insert_raw(base, size, stream);
+        let bin = match stream {
+            Some(s) => fresh_bin(self.tag(s)),
+            None => ANY,
+        };
+        self.file(n, bin);
     }
 
     /// Removes a wholly free chunk; false if it is not one.
     pub fn remove_chunk(&mut self, base: usize) -> bool {
-        let Some(&size) = self.chunks.get(&base) else {
+        if !self.is_empty_chunk(base) {
             return false;
-        };
-        match self.free.get(&base) {
-            Some(f) if f.size == size => {
-                self.remove_free(base);
-                self.chunks.remove(&base);
-                self.pool_size -= size;
-                true
-            }
-            _ => false,
         }
+        let (size, head) = self.chunks.remove(&base).expect("checked above");
+        self.unfile(head);
+        self.release_node(head);
+        self.pool_size -= size;
+        true
     }
 
     /// True when the chunk at `base` is one free block.
     pub fn is_empty_chunk(&self, base: usize) -> bool {
-        matches!((self.chunks.get(&base), self.free.get(&base)), (Some(&c), Some(f)) if f.size == c)
+        self.chunks.get(&base).is_some_and(|&(size, head)| {
+            let n = &self.nodes[head as usize];
+            n.bin != LIVE && n.size == size
+        })
     }
 
-    /// Chunks with no live block, each as one free block (coalesced on a single stream).
-    pub fn empty_chunks(&self) -> Vec<EmptyChunk> {
+    /// Chunks with no live block, each as one free block.
+    pub fn empty_chunks(&self) -> Vec<(usize, usize)> {
         self.chunks
             .iter()
-            .filter_map(|(&base, &size)| match self.free.get(&base) {
-                Some(f) if f.size == size => Some(EmptyChunk {
-                    base,
-                    size,
-                    stream: f.stream,
-                }),
-                _ => None,
-            })
+            .filter(|(&base, _)| self.is_empty_chunk(base))
+            .map(|(&b, &(s, _))| (b, s))
             .collect()
     }
 
     /// Every chunk, for returning them all to the upstream.
     pub fn chunks(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
-        self.chunks.iter().map(|(&b, &s)| (b, s))
+        self.chunks.iter().map(|(&b, &(s, _))| (b, s))
     }
 
-    /// Best fit among `stream`'s own free blocks.
+    /// Best fit among the blocks `stream` may take without waiting (its own and *any*).
     pub fn take(&mut self, stream: StreamRef, bytes: usize, align: usize) -> Option<NonNull<u8>> {
         let (size, search) = footprint(bytes, align)?;
-        let set = &self.by_size.iter().find(|(s, _)| *s == stream)?.1;
-        let &(bsize, addr) = set.range((search, 0)..).next()?;
-        let start = align_up(addr, align)?;
-        self.remove_free(addr);
-        if start > addr {
-            self.insert_raw(addr, start - addr, stream);
-        }
-        let (end, bend) = (start + size, addr + bsize);
-        if bend > end {
-            self.insert_raw(end, bend - end, stream);
-        }
-        self.live.insert(start, Live { size, bytes });
-        self.in_use += size;
-        NonNull::new(start as *mut u8)
+        let t = self.tag(stream);
+        let node = self.fit(&[fresh_bin(t), sealed_bin(t), ANY], search / GRAIN)?;
+        Some(self.carve(node, size, align, bytes))
     }
 
-    /// The best-fitting free block of another stream, with that stream.
-    pub fn other_fit(
-        &self,
+    /// The best fit among other streams' sealed blocks: (that stream, the block).
+    pub fn sealed_fit_elsewhere(
+        &mut self,
         stream: StreamRef,
         bytes: usize,
         align: usize,
-    ) -> Option<(StreamRef, usize)> {
+    ) -> Option<(StreamRef, u32)> {
         let (_, search) = footprint(bytes, align)?;
-        self.by_size
-            .iter()
-            .filter(|(s, _)| *s != stream)
-            .filter_map(|(s, set)| {
-                set.range((search, 0)..)
-                    .next()
-                    .map(|&(size, a)| (size, a, *s))
+        let bins: Vec<u32> = (0..self.tags.len())
+            .filter(|&t| {
+                self.tags[t].stream != stream && !self.bins[sealed_bin(t) as usize].is_empty()
             })
-            .min()
-            .map(|(_, a, s)| (s, a))
+            .map(sealed_bin)
+            .collect();
+        let node = self.fit(&bins, search / GRAIN)?;
+        let t = tag_of_bin(self.nodes[node as usize].bin).expect("a sealed bin");
+        Some((self.tags[t].stream, node))
     }
 
-    /// Hands one free block to `to`, coalescing (the caller has ordered `to` after its stream).
-    pub fn retag_block(&mut self, addr: usize, to: StreamRef) {
-        if let Some(f) = self.free.get(&addr).copied() {
-            self.remove_free(addr);
-            self.insert_coalesced(addr, f.size, to);
+    /// Hands another stream's free block to `stream`, coalescing (the caller has ordered
+    /// `stream` after the block's last use).
+    pub fn adopt(&mut self, node: u32, stream: StreamRef) {
+        let t = self.tag(stream);
+        self.unfile(node);
+        self.coalesce_into(node, fresh_bin(t));
+    }
+
+    /// True when streams other than `stream` hold free blocks.
+    pub fn others_hold_free(&self, stream: StreamRef) -> bool {
+        self.tags.iter().enumerate().any(|(t, tag)| {
+            tag.stream != stream
+                && !(self.bins[fresh_bin(t) as usize].is_empty()
+                    && self.bins[sealed_bin(t) as usize].is_empty())
+        })
+    }
+
+    /// After a device-wide synchronisation: every free block becomes free to any stream, and
+    /// neighbours merge.
+    pub fn merge_all(&mut self) {
+        for bin in 1..self.bins.len() as u32 {
+            while let Some(n) = self.bins[bin as usize].find(1) {
+                self.unfile(n);
+                self.coalesce_into(n, ANY);
+            }
+        }
+        for tag in &mut self.tags {
+            tag.frees_since_mark = 0;
         }
     }
 
-    /// The other streams holding free blocks.
-    pub fn other_streams(&self, stream: StreamRef) -> Vec<StreamRef> {
-        self.by_size
-            .iter()
-            .filter(|(s, set)| *s != stream && !set.is_empty())
-            .map(|(s, _)| *s)
-            .collect()
+    /// After a mark on `stream`: its fresh blocks become sealed.
+    pub fn seal(&mut self, stream: StreamRef) {
+        let t = self.tag(stream);
+        let (fresh, sealed) = (fresh_bin(t), sealed_bin(t));
+        while let Some(n) = self.bins[fresh as usize].find(1) {
+            self.unfile(n);
+            self.file(n, sealed);
+        }
+        self.tags[t].frees_since_mark = 0;
+        self.tags[t].demand_seen = self.demand;
     }
 
-    /// Hands all of `from`'s free blocks to `to`, coalescing (the caller has ordered `to`
-    /// after `from`).
-    pub fn retag(&mut self, from: StreamRef, to: StreamRef) {
-        let Some(i) = self.by_size.iter().position(|(s, _)| *s == from) else {
-            return;
-        };
-        let (_, set) = self.by_size.swap_remove(i);
-        let mut blocks: Vec<(usize, usize)> = set.into_iter().map(|(s, a)| (a, s)).collect();
-        blocks.sort_unstable();
-        for &(addr, _) in &blocks {
-            self.free.remove(&addr);
-        }
-        for (addr, size) in blocks {
-            self.insert_coalesced(addr, size, to);
-        }
+    /// Records that a stream found too few blocks of its own (see [`Freed::mark_due`]).
+    pub fn note_demand(&mut self) {
+        self.demand += 1;
     }
 
-    /// Frees a live block on `stream`; returns its chunk if that is now wholly free.
+    /// Frees a live block on `stream`.
     pub fn free(
         &mut self,
         name: &'static str,
         stream: StreamRef,
         ptr: usize,
         bytes: usize,
-    ) -> Result<Option<EmptyChunk>> {
-        let Some(&live) = self.live.get(&ptr) else {
+    ) -> Result<Freed> {
+        let Some(n) = self.live.remove(&ptr) else {
             return Err(self.classify(name, ptr));
         };
-        if live.bytes != bytes {
+        let node = self.nodes[n as usize];
+        if node.bytes != bytes {
+            self.live.insert(ptr, n);
             return Err(Error::SizeMismatch {
                 resource: name,
                 ptr,
-                allocated: live.bytes,
+                allocated: node.bytes,
                 freed: bytes,
             });
         }
-        self.live.remove(&ptr);
-        self.in_use -= live.size;
-        let (start, size) = self.insert_coalesced(ptr, live.size, stream);
-        match self.chunks.get(&start) {
-            Some(&csize) if csize == size => Ok(Some(EmptyChunk {
-                base: start,
-                size,
-                stream,
-            })),
-            _ => Ok(None),
+        self.in_use -= node.size;
+        let t = self.tag(stream);
+        let n = self.coalesce_into(n, fresh_bin(t));
+        let demand = self.demand;
+        let tag = &mut self.tags[t];
+        tag.frees_since_mark += 1;
+        let mut mark_due = false;
+        if tag.frees_since_mark >= MARK_EVERY {
+            // Mark only if some stream ran short since the last mark; else start counting again.
+            mark_due = tag.demand_seen != demand;
+            tag.frees_since_mark = 0;
         }
+        let node = &self.nodes[n as usize];
+        Ok(Freed {
+            empty: (node.phys == (NIL, NIL)).then_some(EmptyChunk {
+                base: node.addr,
+                size: node.size,
+                stream,
+            }),
+            mark_due,
+        })
+    }
+
+    /// The tag of `stream`, made on first use (reusing an idle one once there are many).
+    #[inline]
+    fn tag(&mut self, stream: StreamRef) -> usize {
+        if self
+            .tags
+            .get(self.last_tag)
+            .is_some_and(|t| t.stream == stream)
+        {
+            return self.last_tag;
+        }
+        let t = match self.tags.iter().position(|t| t.stream == stream) {
+            Some(t) => t,
+            None => self.new_tag(stream),
+        };
+        self.last_tag = t;
+        t
+    }
+
+    #[cold]
+    fn new_tag(&mut self, stream: StreamRef) -> usize {
+        let tag = Tag {
+            stream,
+            frees_since_mark: 0,
+            demand_seen: self.demand,
+        };
+        if self.tags.len() >= 16 {
+            let idle = (0..self.tags.len()).find(|&t| {
+                self.bins[fresh_bin(t) as usize].is_empty()
+                    && self.bins[sealed_bin(t) as usize].is_empty()
+            });
+            if let Some(t) = idle {
+                self.tags[t] = tag;
+                return t;
+            }
+        }
+        self.tags.push(tag);
+        self.bins.push(Tlsf::default());
+        self.bins.push(Tlsf::default());
+        self.tags.len() - 1
+    }
+
+    /// The smallest block of at least `units` grains in `bins`: O(1) per bin, then (only if
+    /// that fails) a walk of the request's own size class.
+    fn fit(&mut self, bins: &[u32], units: usize) -> Option<u32> {
+        let size = |n: u32, nodes: &[Node]| nodes[n as usize].size;
+        let mut best: Option<u32> = None;
+        for &b in bins {
+            if let Some(n) = self.bins[b as usize].find(units) {
+                if best.is_none_or(|m| size(n, &self.nodes) < size(m, &self.nodes)) {
+                    best = Some(n);
+                }
+            }
+        }
+        if best.is_some() {
+            return best;
+        }
+        for &b in bins {
+            if let Some(n) = self.bins[b as usize].find_in_class(&mut self.nodes, units) {
+                if best.is_none_or(|m| size(n, &self.nodes) < size(m, &self.nodes)) {
+                    best = Some(n);
+                }
+            }
+        }
+        best
+    }
+
+    /// Makes a live block of `size` bytes at `align` out of free `node` (which fits); the
+    /// padding and the tail stay free in the node's bin.
+    fn carve(&mut self, node: u32, size: usize, align: usize, bytes: usize) -> NonNull<u8> {
+        let bin = self.nodes[node as usize].bin;
+        self.unfile(node);
+        let Node {
+            addr, size: total, ..
+        } = self.nodes[node as usize];
+        let end = addr + total;
+        let start = align_up(addr, align).expect("the block fits, so this does not overflow");
+        let mut live = node;
+        if start > addr {
+            self.nodes[node as usize].size = start - addr;
+            live = self.split_after(node, start, end - start);
+            self.file(node, bin);
+        }
+        if end > start + size {
+            self.nodes[live as usize].size = size;
+            let tail = self.split_after(live, start + size, end - start - size);
+            self.file(tail, bin);
+        }
+        let n = &mut self.nodes[live as usize];
+        n.bin = LIVE;
+        n.bytes = bytes;
+        self.live.insert(start, live);
+        self.in_use += size;
+        NonNull::new(start as *mut u8).expect("chunk addresses are non-null")
+    }
+
+    /// A new node `[addr, addr + size)` linked after `prev` in its chunk.
+    fn split_after(&mut self, prev: u32, addr: usize, size: usize) -> u32 {
+        let next = self.nodes[prev as usize].phys.1;
+        let n = self.new_node(addr, size, (prev, next));
+        self.nodes[prev as usize].phys.1 = n;
+        if next != NIL {
+            self.nodes[next as usize].phys.0 = n;
+        }
+        n
+    }
+
+    /// Files unfiled `node` into `bin`, first merging free neighbours `bin` may absorb (its
+    /// own stream's and *any* blocks; every free block when `bin` is *any*). Returns the node
+    /// now holding the block.
+    fn coalesce_into(&mut self, node: u32, bin: u32) -> u32 {
+        let own = tag_of_bin(bin);
+        let absorbs = |other: u32| {
+            other != LIVE
+                && other != SPARE
+                && (own.is_none() || other == ANY || tag_of_bin(other) == own)
+        };
+        // Loops: when everything merges into *any*, runs of differently tagged blocks do.
+        let mut cur = node;
+        loop {
+            let prev = self.nodes[cur as usize].phys.0;
+            if prev == NIL || !absorbs(self.nodes[prev as usize].bin) {
+                break;
+            }
+            self.unfile(prev);
+            self.absorb_next(prev);
+            cur = prev;
+        }
+        loop {
+            let next = self.nodes[cur as usize].phys.1;
+            if next == NIL || !absorbs(self.nodes[next as usize].bin) {
+                break;
+            }
+            self.unfile(next);
+            self.absorb_next(cur);
+        }
+        self.file(cur, bin);
+        cur
+    }
+
+    /// Merges `node`'s next neighbour into it (both unfiled).
+    fn absorb_next(&mut self, node: u32) {
+        let next = self.nodes[node as usize].phys.1;
+        let Node {
+            size,
+            phys: (_, after),
+            ..
+        } = self.nodes[next as usize];
+        let n = &mut self.nodes[node as usize];
+        n.size += size;
+        n.phys.1 = after;
+        if after != NIL {
+            self.nodes[after as usize].phys.0 = node;
+        }
+        self.release_node(next);
+    }
+
+    #[inline]
+    fn file(&mut self, node: u32, bin: u32) {
+        self.nodes[node as usize].bin = bin;
+        self.bins[bin as usize].insert(&mut self.nodes, node);
+    }
+
+    #[inline]
+    fn unfile(&mut self, node: u32) {
+        let bin = self.nodes[node as usize].bin;
+        self.bins[bin as usize].remove(&mut self.nodes, node);
+    }
+
+    fn new_node(&mut self, addr: usize, size: usize, phys: (u32, u32)) -> u32 {
+        let node = Node {
+            addr,
+            size,
+            bytes: 0,
+            phys,
+            link: (NIL, NIL),
+            bin: SPARE,
+        };
+        match self.spare.pop() {
+            Some(n) => {
+                self.nodes[n as usize] = node;
+                n
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        }
+    }
+
+    fn release_node(&mut self, node: u32) {
+        self.nodes[node as usize].bin = SPARE;
+        self.spare.push(node);
     }
 
     /// Why a free of `ptr` is refused: a pointer inside free memory of ours was freed twice.
+    /// (A walk of the chunk: only on this error path.)
+    #[cold]
     fn classify(&self, name: &'static str, ptr: usize) -> Error {
-        let in_free = self
-            .free
+        let mut at = self
+            .chunks
             .range(..=ptr)
             .next_back()
-            .is_some_and(|(&a, f)| ptr < a + f.size);
-        if in_free {
-            Error::DoubleFree {
-                resource: name,
-                ptr,
-            }
-        } else {
-            Error::UnknownPointer {
-                resource: name,
-                ptr,
-            }
-        }
-    }
-
-    fn chunk_of(&self, addr: usize) -> (usize, usize) {
-        let (&base, &size) = self
-            .chunks
-            .range(..=addr)
-            .next_back()
-            .expect("free blocks lie in chunks");
-        (base, base + size)
-    }
-
-    /// Inserts a free block, merging with same-stream neighbours of its chunk.
-    fn insert_coalesced(&mut self, addr: usize, size: usize, stream: StreamRef) -> (usize, usize) {
-        let (chunk_start, chunk_end) = self.chunk_of(addr);
-        let (mut start, mut size) = (addr, size);
-        if start > chunk_start {
-            if let Some((&pa, &pf)) = self.free.range(..start).next_back() {
-                if pa + pf.size == start && pf.stream == stream {
-                    self.remove_free(pa);
-                    start = pa;
-                    size += pf.size;
+            .map_or(NIL, |(_, &(_, head))| head);
+        while at != NIL {
+            let n = &self.nodes[at as usize];
+            if ptr < n.addr + n.size {
+                if ptr >= n.addr && n.bin != LIVE {
+                    return Error::DoubleFree {
+                        resource: name,
+                        ptr,
+                    };
                 }
+                break;
             }
+            at = n.phys.1;
         }
-        let end = start + size;
-        if end < chunk_end {
-            if let Some(&nf) = self.free.get(&end) {
-                if nf.stream == stream {
-                    self.remove_free(end);
-                    size += nf.size;
-                }
-            }
-        }
-        self.insert_raw(start, size, stream);
-        (start, size)
-    }
-
-    fn insert_raw(&mut self, addr: usize, size: usize, stream: StreamRef) {
-        self.free.insert(addr, Free { size, stream });
-        let set = match self.by_size.iter().position(|(s, _)| *s == stream) {
-            Some(i) => &mut self.by_size[i].1,
-            None => {
-                self.by_size.push((stream, BTreeSet::new()));
-                &mut self.by_size.last_mut().expect("just pushed").1
-            }
-        };
-        set.insert((size, addr));
-    }
-
-    fn remove_free(&mut self, addr: usize) {
-        if let Some(f) = self.free.remove(&addr) {
-            if let Some(i) = self.by_size.iter().position(|(s, _)| *s == f.stream) {
-                self.by_size[i].1.remove(&(f.size, addr));
-                if self.by_size[i].1.is_empty() {
-                    self.by_size.swap_remove(i);
-                }
-            }
+        Error::UnknownPointer {
+            resource: name,
+            ptr,
         }
     }
 
     /// Checks every internal invariant; the error says which one broke.
-    pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        let mut blocks: Vec<(usize, usize, Option<StreamRef>)> = self
-            .free
-            .iter()
-            .map(|(&a, f)| (a, f.size, Some(f.stream)))
-            .chain(self.live.iter().map(|(&a, l)| (a, l.size, None)))
-            .collect();
-        blocks.sort_unstable_by_key(|b| b.0);
-        let mut it = blocks.iter().peekable();
+    pub fn check_invariants(&mut self) -> std::result::Result<(), String> {
         let mut total = 0;
-        for (&base, &csize) in &self.chunks {
+        let (mut seen, mut free, mut used, mut live) = (0usize, 0usize, 0usize, 0usize);
+        let mergeable = |a: u32, b: u32| a == ANY || b == ANY || tag_of_bin(a) == tag_of_bin(b);
+        for (&base, &(csize, head)) in &self.chunks {
             total += csize;
-            let mut at = base;
-            let mut prev_stream: Option<StreamRef> = None;
-            while at < base + csize {
-                let &&(a, s, st) = it
-                    .peek()
-                    .ok_or(format!("chunk {base:#x} not tiled at {at:#x}"))?;
-                if a != at {
-                    return Err(format!("gap or overlap at {at:#x}: next block at {a:#x}"));
+            let (mut at, mut prev, mut addr) = (head, NIL, base);
+            while at != NIL {
+                let n = self
+                    .nodes
+                    .get(at as usize)
+                    .ok_or(format!("node {at} out of range"))?;
+                seen += 1;
+                if seen > self.nodes.len() {
+                    return Err("a chunk's block chain cycles".into());
                 }
-                if s == 0 || s % GRAIN != 0 || a % GRAIN != 0 {
-                    return Err(format!("block {a:#x}+{s} not on the {GRAIN}-byte grain"));
+                if n.addr != addr || n.phys.0 != prev {
+                    return Err(format!("gap, overlap or bad link at {addr:#x} (node {at})"));
                 }
-                if st.is_some() && st == prev_stream {
-                    return Err(format!("adjacent free blocks at {a:#x} not coalesced"));
+                if n.size == 0 || n.size % GRAIN != 0 || n.addr % GRAIN != 0 {
+                    return Err(format!("block {:#x}+{} not on the grain", n.addr, n.size));
                 }
-                prev_stream = st;
-                at += s;
-                it.next();
+                match n.bin {
+                    SPARE => return Err(format!("spare node {at} in chunk {base:#x}")),
+                    LIVE => {
+                        live += 1;
+                        used += n.size;
+                        if self.live.get(&n.addr) != Some(&at) {
+                            return Err(format!("live block {:#x} not in the live map", n.addr));
+                        }
+                    }
+                    b if b as usize >= self.bins.len() => {
+                        return Err(format!("node {at} in unknown bin {b}"))
+                    }
+                    b => {
+                        free += 1;
+                        let p = if prev == NIL {
+                            LIVE
+                        } else {
+                            self.nodes[prev as usize].bin
+                        };
+                        if p != LIVE && mergeable(p, b) {
+                            return Err(format!(
+                                "adjacent free blocks at {:#x} (bins {p}, {b}) not coalesced",
+                                n.addr
+                            ));
+                        }
+                    }
+                }
+                addr += n.size;
+                prev = at;
+                at = n.phys.1;
             }
-            if at != base + csize {
-                return Err(format!("block crosses the end of chunk {base:#x}"));
+            if addr != base + csize {
+                return Err(format!(
+                    "chunk {base:#x} tiled to {addr:#x}, not {csize} bytes"
+                ));
             }
         }
-        if let Some(b) = it.next() {
-            return Err(format!("block {:#x} lies outside every chunk", b.0));
+        if seen + self.spare.len() != self.nodes.len() {
+            return Err(format!(
+                "{seen} nodes in chunks + {} spare != {}",
+                self.spare.len(),
+                self.nodes.len()
+            ));
         }
         if total != self.pool_size {
             return Err(format!(
@@ -378,37 +655,40 @@ impl PoolCore {
                 self.pool_size
             ));
         }
-        let used: usize = self.live.values().map(|l| l.size).sum();
-        if used != self.in_use {
-            return Err(format!("in_use {} != live total {used}", self.in_use));
-        }
-        let indexed: usize = self.by_size.iter().map(|(_, s)| s.len()).sum();
-        if indexed != self.free.len() {
+        if used != self.in_use || live != self.live.len() {
             return Err(format!(
-                "{indexed} indexed free blocks, {} free",
-                self.free.len()
+                "in_use {} / {} live, but chunks hold {used} / {live}",
+                self.in_use,
+                self.live.len()
             ));
         }
-        for (stream, set) in &self.by_size {
-            if set.is_empty() {
-                return Err(format!("empty size index kept for {stream:?}"));
-            }
-            for &(size, addr) in set {
-                match self.free.get(&addr) {
-                    Some(f) if f.size == size && f.stream == *stream => {}
-                    _ => return Err(format!("size index entry {addr:#x}+{size} is stale")),
+        if self.bins.len() != 1 + 2 * self.tags.len() {
+            return Err("bins and stream tags disagree".into());
+        }
+        let mut filed = 0;
+        for b in 0..self.bins.len() {
+            let bin = &self.bins[b];
+            bin.check(&mut self.nodes)
+                .map_err(|e| format!("bin {b}: {e}"))?;
+            for n in bin.nodes(&mut self.nodes) {
+                if self.nodes[n as usize].bin != b as u32 {
+                    return Err(format!("node {n} filed in bin {b} but tagged otherwise"));
                 }
             }
+            filed += bin.len();
+        }
+        if filed != free {
+            return Err(format!("{filed} filed free blocks, {free} free in chunks"));
         }
         Ok(())
     }
 }
 
-/// Finds a block for a checked request in `core` without growing it: the stream's own blocks
-/// first; then the best-fitting block of another stream (one wait); then every stream's free
-/// blocks merged (one wait per stream), so fragmentation across streams never forces growth.
-/// Taking one block rather than a whole stream's list keeps two streams that trade blocks from
-/// moving thousands of blocks back and forth.
+/// Finds a block for a checked request in `core` without growing it: the stream's own and
+/// *any* blocks first; then the best-fitting sealed block of another stream (one wait on that
+/// stream's last mark); then, if free memory could serve the request, every free block merged
+/// after one device-wide synchronisation, so fragmentation across streams never forces growth.
+/// No stream but `stream` is named to `order`'s driver calls.
 pub(crate) fn allocate_from(
     core: &mut PoolCore,
     order: &dyn StreamOrder,
@@ -419,35 +699,52 @@ pub(crate) fn allocate_from(
     if let Some(p) = core.take(stream, bytes, align) {
         return Ok(Some(p));
     }
-    if let Some((victim, block)) = core.other_fit(stream, bytes, align) {
-        order.order_after(stream, victim)?;
-        core.retag_block(block, stream);
+    core.note_demand();
+    if let Some((victim, node)) = core.sealed_fit_elsewhere(stream, bytes, align) {
+        order.wait_for_mark(stream, victim)?;
+        core.adopt(node, stream);
         if let Some(p) = core.take(stream, bytes, align) {
             return Ok(Some(p));
         }
     }
-    let others = core.other_streams(stream);
-    if others.is_empty() {
-        return Ok(None);
+    let needed = footprint(bytes, align).map_or(usize::MAX, |f| f.1);
+    if core.others_hold_free(stream) && core.pool_size() - core.in_use() >= needed {
+        order.synchronize_all()?;
+        core.merge_all();
+        return Ok(core.take(stream, bytes, align));
     }
-    for s in others {
-        order.order_after(stream, s)?;
-        core.retag(s, stream);
+    Ok(None)
+}
+
+/// Frees a block into `core`, sealing `stream`'s fresh blocks when a mark is due.
+pub(crate) fn free_into(
+    core: &mut PoolCore,
+    order: &dyn StreamOrder,
+    name: &'static str,
+    stream: StreamRef,
+    ptr: usize,
+    bytes: usize,
+) -> Result<Option<EmptyChunk>> {
+    let freed = core.free(name, stream, ptr, bytes)?;
+    // A failed mark only keeps the fresh blocks private to `stream` (others reach them after a
+    // device-wide synchronisation), and the free itself is done: nothing to report.
+    if freed.mark_due && order.mark(stream).is_ok() {
+        core.seal(stream);
     }
-    Ok(core.take(stream, bytes, align))
+    Ok(freed.empty)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resource::HostOrder;
+    use crate::resource::{HostOrder, OrderEvent, RecordingOrder};
 
     const A: StreamRef = StreamRef::simulated(1);
     const B: StreamRef = StreamRef::simulated(2);
 
     fn core_with(size: usize) -> PoolCore {
         let mut c = PoolCore::default();
-        c.add_chunk(1 << 20, size, A);
+        c.add_chunk(1 << 20, size, Some(A));
         c
     }
 
@@ -462,8 +759,11 @@ mod tests {
             c.check_invariants().unwrap();
         }
         let last = c.free("t", A, p[2].as_ptr() as usize, 1000).unwrap();
-        assert_eq!(last.map(|e| e.size), Some(4096));
+        assert_eq!(last.empty.map(|e| e.size), Some(4096));
         assert_eq!(c.largest_free(), 4096);
+        assert!(c.remove_chunk(1 << 20));
+        c.check_invariants().unwrap();
+        assert_eq!(c.pool_size(), 0);
     }
 
     #[test]
@@ -488,8 +788,67 @@ mod tests {
         c.check_invariants().unwrap();
         let s = StreamRef::simulated(3);
         assert!(c.take(s, 2 * GRAIN, GRAIN).is_none());
-        let p = allocate_from(&mut c, &HostOrder, s, 2 * GRAIN, GRAIN).unwrap();
+        let order = RecordingOrder::new();
+        let p = allocate_from(&mut c, &order, s, 2 * GRAIN, GRAIN).unwrap();
         assert!(p.is_some());
+        assert_eq!(order.events(), vec![OrderEvent::SyncAll]);
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn sealed_blocks_cross_streams_with_one_wait_and_fresh_ones_never_do() {
+        let mut c = core_with(4 * GRAIN);
+        let order = RecordingOrder::new();
+        let x = c.take(A, GRAIN, GRAIN).unwrap();
+        let _keep = c.take(A, GRAIN, GRAIN).unwrap();
+        free_into(&mut c, &order, "t", A, x.as_ptr() as usize, GRAIN).unwrap();
+        // Fresh on A: B may not wait on A's (older) mark for it.
+        assert!(c.sealed_fit_elsewhere(B, GRAIN, GRAIN).is_none());
+        order.mark(A).unwrap();
+        c.seal(A);
+        let p = allocate_from(&mut c, &order, B, GRAIN, GRAIN)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            order.events(),
+            vec![
+                OrderEvent::Mark(A),
+                OrderEvent::Wait {
+                    waiter: B,
+                    signaller: A
+                }
+            ]
+        );
+        c.check_invariants().unwrap();
+        c.free("t", B, p.as_ptr() as usize, GRAIN).unwrap();
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_stream_is_marked_once_per_mark_every_frees_and_only_under_demand() {
+        let mut c = core_with(1 << 20);
+        let order = RecordingOrder::new();
+        let cycle = |c: &mut PoolCore| {
+            for _ in 0..MARK_EVERY {
+                let p = c.take(A, 300, GRAIN).unwrap();
+                free_into(c, &order, "t", A, p.as_ptr() as usize, 300).unwrap();
+            }
+        };
+        cycle(&mut c);
+        assert_eq!(order.events(), vec![], "no stream wants A's blocks");
+        // B runs short (A's blocks are fresh: reaching them takes a synchronisation).
+        let p = allocate_from(&mut c, &order, B, 300, GRAIN)
+            .unwrap()
+            .unwrap();
+        assert_eq!(order.events(), vec![OrderEvent::SyncAll]);
+        cycle(&mut c);
+        cycle(&mut c);
+        assert_eq!(
+            order.events(),
+            vec![OrderEvent::SyncAll, OrderEvent::Mark(A)],
+            "one mark per shortage"
+        );
+        c.free("t", B, p.as_ptr() as usize, 300).unwrap();
         c.check_invariants().unwrap();
     }
 
@@ -511,5 +870,38 @@ mod tests {
             Err(Error::DoubleFree { .. })
         ));
         c.check_invariants().unwrap();
+    }
+
+    /// Random allocations and frees on three streams in one small chunk, through every path
+    /// (own blocks, waits, merges): invariants hold after each step and live blocks never
+    /// overlap.
+    #[test]
+    fn random_multi_stream_sequences_keep_every_invariant() {
+        use rand::rngs::SmallRng;
+        use rand::{RngExt, SeedableRng};
+        let mut rng = SmallRng::seed_from_u64(7);
+        for _ in 0..300 {
+            let mut c = PoolCore::default();
+            c.add_chunk(1 << 30, 64 * GRAIN, None);
+            let mut live: Vec<(usize, usize, usize)> = vec![];
+            for _ in 0..60 {
+                let s = StreamRef::simulated(rng.random_range(0..3));
+                if rng.random_bool(0.6) {
+                    let bytes = rng.random_range(1..8 * GRAIN);
+                    let align = GRAIN << rng.random_range(0..3);
+                    if let Some(p) = allocate_from(&mut c, &HostOrder, s, bytes, align).unwrap() {
+                        let a = p.as_ptr() as usize;
+                        assert_eq!(a % align, 0);
+                        let end = a + bytes;
+                        assert!(live.iter().all(|&(b, n, _)| end <= b || b + n <= a));
+                        live.push((a, bytes, align));
+                    }
+                } else if !live.is_empty() {
+                    let (p, bytes, _) = live.swap_remove(rng.random_range(0..live.len()));
+                    free_into(&mut c, &HostOrder, "t", s, p, bytes).unwrap();
+                }
+                c.check_invariants().unwrap();
+            }
+        }
     }
 }

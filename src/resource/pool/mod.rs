@@ -1,22 +1,23 @@
 //! [`PoolMemoryResource`]: a coalescing, stream-ordered suballocator in RMM's pool role.
 //!
-//! Unlike RMM's pool, free blocks are indexed by size and address (best fit and coalescing in
-//! O(log n), so it does not collapse with many live blocks), a free records no event (streams
-//! are ordered only when one takes another's memory), free blocks of all streams are merged
-//! before the pool grows, and [`release`](PoolMemoryResource::release) returns empty chunks.
+//! Unlike RMM's pool, free blocks are indexed in O(1) size classes and coalesce through
+//! neighbour links (so it does not collapse with many live blocks), a free records no event
+//! (a stream is marked once per [`MARK_EVERY`](self::core::MARK_EVERY) frees), free blocks of
+//! all streams are merged before the pool grows, and
+//! [`release`](PoolMemoryResource::release) returns empty chunks.
 //!
-//! **Stream lifetime.** Because no event is recorded at free time, the pool may order another
-//! stream after the freeing stream later (`cuEventRecord` on it). A stream passed to the pool
-//! must therefore stay alive while blocks freed on it sit in the pool: call
-//! [`release`](PoolMemoryResource::release) or drop the pool before destroying such a stream.
+//! **Stream lifetime.** The pool names a stream to the driver only inside a call on that
+//! stream (see [`core`]), so streams may be destroyed while blocks freed on them sit in the
+//! pool. (A new stream that the driver gives a destroyed one's handle is taken for it.)
 
 pub(crate) mod core;
+mod tlsf;
 
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use self::core::{allocate_from, footprint, PoolCore, GRAIN};
+use self::core::{allocate_from, footprint, free_into, PoolCore, GRAIN};
 use super::stream_order::default_order;
 use super::{align_up, check_request, MemoryResource, Properties, StreamOrder};
 use crate::error::{Error, Result};
@@ -108,7 +109,7 @@ impl<R: MemoryResource> Clone for PoolMemoryResource<R> {
 
 impl<R: MemoryResource> PoolMemoryResource<R> {
     /// A pool over `upstream`, reserving `options.initial_size` bytes now (on the default
-    /// stream).
+    /// stream, synchronised, so every stream may take them).
     pub fn new(upstream: R, options: PoolOptions) -> Result<Self> {
         let order = match options.order {
             Some(o) => o,
@@ -134,12 +135,16 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
             }),
         };
         if initial > 0 {
-            let mut core = pool.lock();
             let base = pool
                 .inner
                 .upstream
                 .allocate(StreamRef::DEFAULT, initial, GRAIN)?;
-            core.add_chunk(base.as_ptr() as usize, initial, StreamRef::DEFAULT);
+            pool.lock()
+                .add_chunk(base.as_ptr() as usize, initial, Some(StreamRef::DEFAULT));
+            // Once the allocation is known complete, every stream may take the chunk. (On
+            // failure, dropping the pool returns it.)
+            pool.inner.order.synchronize_all()?;
+            pool.lock().merge_all();
         }
         Ok(pool)
     }
@@ -151,7 +156,7 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
 
     /// Size, use and fragmentation now.
     pub fn stats(&self) -> PoolStats {
-        let core = self.lock();
+        let mut core = self.lock();
         let free = core.pool_size() - core.in_use();
         let largest = core.largest_free();
         PoolStats {
@@ -169,32 +174,26 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
         }
     }
 
-    /// Returns every upstream chunk with no live block to the upstream, after waiting for the
-    /// streams its free blocks were last used on. Returns the bytes released.
+    /// Returns every upstream chunk with no live block to the upstream, after waiting for all
+    /// work on the device (so no stream handle is needed). Returns the bytes released.
     pub fn release(&self) -> Result<usize> {
         let mut core = self.lock();
-        // Free blocks of different streams never coalesce; merge them first so an empty chunk
-        // is one block.
-        let mut streams = core.other_streams(StreamRef::DEFAULT);
-        streams.push(StreamRef::DEFAULT);
-        for &s in &streams {
-            self.inner.order.synchronize(s)?;
-        }
-        for &s in &streams {
-            core.retag(s, StreamRef::DEFAULT);
-        }
+        // Free blocks of different streams never coalesce; after the synchronisation they are
+        // all free to any stream, and merge, so an empty chunk is one block.
+        self.inner.order.synchronize_all()?;
+        core.merge_all();
         let mut released = 0;
-        for chunk in core.empty_chunks() {
-            core.remove_chunk(chunk.base);
-            let ptr = NonNull::new(chunk.base as *mut u8).expect("chunk bases are non-null");
+        for (base, size) in core.empty_chunks() {
+            core.remove_chunk(base);
+            let ptr = NonNull::new(base as *mut u8).expect("chunk bases are non-null");
             // SAFETY: the chunk came from the upstream with this size and GRAIN alignment, and
-            // has just left our index, so it is returned exactly once. Its streams are idle.
+            // has just left our index, so it is returned exactly once. All work is done.
             unsafe {
                 self.inner
                     .upstream
-                    .deallocate(chunk.stream, ptr, chunk.size, GRAIN)?
+                    .deallocate(StreamRef::DEFAULT, ptr, size, GRAIN)?
             };
-            released += chunk.size;
+            released += size;
         }
         Ok(released)
     }
@@ -227,14 +226,13 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
             .inner
             .maximum
             .map_or(usize::MAX, |m| m.saturating_sub(current));
+        let (in_use, largest) = (core.in_use(), core.largest_free());
         let oom = |why: String| Error::OutOfMemory {
             bytes,
             resource: NAME,
             detail: format!(
-                "{why}; pool holds {current} bytes ({} in use, largest free block {}, maximum \
-                 {})",
-                core.in_use(),
-                core.largest_free(),
+                "{why}; pool holds {current} bytes ({in_use} in use, largest free block \
+                 {largest}, maximum {})",
                 self.inner
                     .maximum
                     .map_or("none".to_owned(), |m| m.to_string())
@@ -249,7 +247,12 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
         loop {
             match self.inner.upstream.allocate(stream, attempt, GRAIN) {
                 Ok(p) => {
-                    core.add_chunk(p.as_ptr() as usize, attempt, stream);
+                    core.add_chunk(p.as_ptr() as usize, attempt, Some(stream));
+                    // Mark now so other streams can take the rest with one wait; a failed mark
+                    // only keeps it private to `stream` for a while.
+                    if self.inner.order.mark(stream).is_ok() {
+                        core.seal(stream);
+                    }
                     return Ok(());
                 }
                 Err(e) if e.is_out_of_memory() && attempt > needed => {
@@ -294,9 +297,16 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
         bytes: usize,
         _align: usize,
     ) -> Result<()> {
-        self.lock()
-            .free(NAME, stream, ptr.as_ptr() as usize, bytes)
-            .map(drop)
+        let mut core = self.lock();
+        free_into(
+            &mut core,
+            &*self.inner.order,
+            NAME,
+            stream,
+            ptr.as_ptr() as usize,
+            bytes,
+        )
+        .map(drop)
     }
 
     fn properties(&self) -> Properties {
@@ -306,6 +316,9 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
 
 impl<R: MemoryResource> Drop for Inner<R> {
     fn drop(&mut self) {
+        // Blocks may still be in use by queued work on any stream; the upstream may reuse the
+        // chunks at once. Drop cannot report a failure.
+        let _ = self.order.synchronize_all();
         let core = self.core.get_mut().unwrap_or_else(PoisonError::into_inner);
         for (base, size) in core.chunks() {
             let ptr = NonNull::new(base as *mut u8).expect("chunk bases are non-null");
