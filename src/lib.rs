@@ -16,16 +16,35 @@
 //! - **Driver access through cudarc**, loaded at run time: on a machine without libcuda every
 //!   call returns [`Error::NoDriver`] instead of panicking.
 //!
+//! ## Example
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use carve::resource::PoolOptions;
+//! use carve::{current, CudaMemoryResource, Device, DeviceVec, PoolMemoryResource};
+//!
+//! # fn main() -> carve::Result<()> {
+//! let dev = Device::get(0)?;
+//! let pool = PoolMemoryResource::new(CudaMemoryResource::new(&dev), PoolOptions::new(1 << 30))?;
+//! current::set(0, Arc::new(pool))?; // returns the previous resource
+//! let stream = dev.new_stream()?;
+//! let v = DeviceVec::from_slice(&[1u32, 2, 3], &stream, current::get(0)?)?;
+//! assert_eq!(v.to_vec()?, [1, 2, 3]); // frees through the pool on drop
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! ## Layout
 //!
 //! | module | holds |
 //! |---|---|
-//! | [`resource`] | the trait, `CudaMemoryResource`, `HostMemoryResource`, suballocators (pool, fixed-size, binning, arena) |
-//! | [`driver`] | devices, streams, events, the embedded PTX |
+//! | [`resource`] | the trait; plain resources (cuda, managed, pinned, driver pool, host, simulated) and the suballocators (pool, fixed-size, binning, arena) |
+//! | [`adaptor`] | limiting, statistics, tracking, logging, failure callback, aligned, prefetch |
+//! | [`current`] | the per-device current resource and `reinitialize` |
 //! | [`buffer`] | `DeviceBuffer`, `DeviceVec<T: Pod>` |
-//! | [`current`] | the per-device current resource |
-//! | [`adaptor`] | limiting, statistics, tracking, logging, failure-callback, aligned, prefetch |
-//! | [`replay`] | `carve replay`: RMM allocation logs replayed on any resource |
+//! | [`heap`] | `DeviceHeap`: blocks that kernels allocate and free |
+//! | [`replay`] | replaying RMM allocation logs |
+//! | [`driver`] | devices, streams, events, the embedded PTX |
 
 pub mod adaptor;
 pub mod buffer;

@@ -2,14 +2,14 @@
 //! [`LoggingResourceAdaptor`](crate::adaptor::LoggingResourceAdaptor)) on any resource.
 //!
 //! Beyond RMM's replay benchmark: one thread per logged thread, run in the logged global order
-//! (a [`sequencer`]); each logged stream mapped to a real stream; a report of peak usage, time,
+//! (a sequencer); each logged stream mapped to a real stream; a report of peak usage, time,
 //! failed allocations and the first failure with the usage and fragmentation at that moment;
 //! and `--simulate-capacity`, which replays over address-only memory of a given size, with no GPU.
 //!
 //! | step | module |
 //! |---|---|
 //! | CSV -> events, with line numbers | [`parse`] |
-//! | events -> checked plan (slots, threads, streams) | [`plan`] |
+//! | events -> checked plan (slots, threads, streams) | [`plan`](mod@plan) |
 //! | `--resource` -> the resource and its streams | [`target`] |
 //! | the threaded replay and its report | [`run`], [`report`] |
 //! | the command line | [`cli`] |
