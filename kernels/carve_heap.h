@@ -17,6 +17,12 @@
  *                                     exhausted, n == 0, a bad alignment, or `heap` not a bump.
  *                                     Released all at once by DeviceHeap::reset on the host.
  * None of them traps or unwinds; failures are counted in DeviceHeap::stats().
+ *
+ * The same module also exports carve_numba_slab_alloc, carve_numba_slab_free and
+ * carve_numba_bump_alloc: the functions above under Numba's calling convention
+ * (int f(T *result, args...), returning 0), for cuda.declare_device; see examples/numba_heap.py.
+ * A heap in memory that carve did not allocate (a Python device array) is formatted with
+ * carve::heap::ForeignHeapPlan or `carve heap-layout`: zero the region, write the handle.
  */
 #ifndef CARVE_HEAP_H
 #define CARVE_HEAP_H

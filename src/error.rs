@@ -24,6 +24,13 @@ pub enum Error {
         call: &'static str,
         code: DriverCode,
     },
+    /// The driver's JIT linker refused its inputs; `log` is its error (and info) log.
+    #[error("{call} failed: {code}: {log}")]
+    Link {
+        call: &'static str,
+        code: DriverCode,
+        log: String,
+    },
     /// A zero-byte request.
     #[error("zero-byte allocation requested")]
     ZeroSize,

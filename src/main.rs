@@ -26,6 +26,11 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Replay an RMM allocation log (CSV) on a resource and report peak, time and failures.
     Replay(carve::replay::cli::ReplayArgs),
+    /// Write carve's PTX (the device heap's functions) to a file, for other languages to link.
+    HeapPtx(carve::heap::cli::HeapPtxArgs),
+    /// Print how to format a device heap in memory carve does not own (JSON), its handle for a
+    /// base address, and its statistics from a copy of the region's prefix.
+    HeapLayout(carve::heap::cli::HeapLayoutArgs),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +39,8 @@ fn main() -> ExitCode {
         Command::Info => info(),
         Command::Bench(args) => bench::run(&args),
         Command::Replay(args) => carve::replay::cli::run(&args),
+        Command::HeapPtx(args) => carve::heap::cli::run_ptx(&args),
+        Command::HeapLayout(args) => carve::heap::cli::run_layout(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

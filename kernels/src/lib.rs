@@ -32,4 +32,6 @@ mod entry;
 #[cfg(target_arch = "nvptx64")]
 mod heap_entry;
 #[cfg(target_arch = "nvptx64")]
+mod numba_abi;
+#[cfg(target_arch = "nvptx64")]
 mod nvptx;

@@ -1,15 +1,17 @@
-//! Driver glue over cudarc: loading libcuda, devices, contexts, streams, events, and carve's
-//! embedded kernel module.
+//! Driver glue over cudarc: loading libcuda, devices, contexts, streams, events, carve's
+//! embedded kernel module, and the JIT linker that joins it with kernels in other languages.
 //!
 //! cudarc loads libcuda lazily and panics when it is missing; [`init`] checks first, so no carve
 //! call panics on a machine without a driver. Devices are interned: [`Device::get`] returns the
 //! same handle (and the same loaded module) for an ordinal every time.
 
 mod device;
+mod link;
 mod module;
 mod stream;
 
 pub use device::{Device, DeviceProperties, MemInfo};
+pub use link::{link_ptx, LinkedModule, PtxInput};
 pub use module::{kernel_names, Kernels, PTX};
 pub use stream::{Event, Stream};
 

@@ -7,12 +7,17 @@
 //!   of its handle, and call `carve_slab_alloc(heap)` / `carve_slab_free(heap, p)` /
 //!   `carve_bump_alloc(heap, bytes, align)` (see `kernels/carve_heap.h`).
 //! - **Statistics** are one copy of each segment's metadata prefix ([`DeviceHeap::stats`]).
+//! - **Other processes** (Numba, CuPy) format heaps in their own memory with
+//!   [`ForeignHeapPlan`], or `carve heap-layout` from the command line.
 //! - **Growth** appends a segment and links it from the last one's `next`; blocks already handed
 //!   out never move.
 
+pub mod cli;
+mod foreign;
 mod launch;
 mod stats;
 
+pub use foreign::ForeignHeapPlan;
 pub use launch::HeapKernels;
 pub use stats::HeapStats;
 
