@@ -149,10 +149,10 @@ impl<'a> Bump<'a> {
         let leader = mask.trailing_zeros();
         let rank = rank_in(mask, lane);
         // The common case, every lane asking the same: the leader's size and alignment are the
-        // warp's, checked with two shuffles and a vote instead of a reduction.
-        let lead_bytes = warp.shfl64(mask, bytes, leader);
-        let lead_align = warp.shfl(mask, align as u32, leader) as u64;
-        let uniform = warp.ballot(mask, bytes == lead_bytes && align == lead_align) == mask;
+        // warp's, checked with one 64-bit shuffle of both and a vote instead of a reduction.
+        let key = bytes | ((align.trailing_zeros() as u64) << 58);
+        let lead = warp.shfl64(mask, key, leader);
+        let uniform = warp.ballot(mask, key == lead && bytes < 1 << 58) == mask;
         let (warp_align, prefix, total) = if uniform {
             let size = round_up(bytes, align);
             (align, rank as u64 * size, mask.count_ones() as u64 * size)

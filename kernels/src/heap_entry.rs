@@ -19,13 +19,28 @@ unsafe fn handle<'a>(heap: *const HeapHandle, kind: u32) -> Option<&'a HeapHandl
     (h.magic == HEAP_MAGIC && h.kind == kind).then_some(h)
 }
 
-/// This warp's preferred block: warps spread evenly over the blocks by their grid index, so on
-/// a fresh heap each warp's lanes find their bits `hint + rank` clear (the heap holds at least
-/// as many blocks as the grid has threads in the benchmarks and tests). The same for every lane.
+/// This warp's preferred block, the same for every lane. Warps are dealt round-robin over the
+/// shards (`warp % nshards`), and the warps of one shard are spread evenly over its bits: the
+/// warps that run at one time (neighbours in the grid) touch different shard counts, so no
+/// count's cache line is hot, and on a fresh heap whose blocks outnumber the grid's threads
+/// each warp's run of bits is clear.
 #[inline(always)]
 fn slab_hint(h: &HeapHandle) -> u64 {
     let (warp, warps) = nvptx::warp_in_grid();
-    (warp as f64 * (h.capacity as f64 / warps as f64)) as u64
+    let shards = h.nshards.max(1);
+    if warps > u32::MAX as u64 {
+        return (warp as f64 * (h.capacity as f64 / warps as f64)) as u64;
+    }
+    let (warp, warps) = (warp as u32, warps as u32);
+    let per_shard = warps.div_ceil(shards);
+    let bits = 64u64 << h.shard_words_log2;
+    let spacing = if bits <= u32::MAX as u64 {
+        (bits as u32 / per_shard) as u64
+    } else {
+        bits / per_shard as u64
+    };
+    let (s, k) = (warp % shards, warp / shards);
+    s as u64 * bits + k as u64 * spacing
 }
 
 /// Allocates one block of the slab heap at `heap`; null when it is exhausted or not a slab.

@@ -15,8 +15,8 @@ pub const HEAP_MAGIC: u32 = 0xCA4E_4EA9;
 pub const KIND_SLAB: u32 = 1;
 /// `HeapHandle::kind` of a bump arena.
 pub const KIND_BUMP: u32 = 2;
-/// `HeapHandle::flags`: frees read the bitmap back and count double frees instead of trusting
-/// the caller (one returned atomic per word group instead of a fire-and-forget one).
+/// `HeapHandle::flags`: double frees are counted in the statistics (every slab ignores them:
+/// frees read the bitmap back either way).
 pub const FLAG_CHECKED_FREES: u32 = 1;
 
 /// Slots per statistics counter: failures are added to slot `warp % COUNTER_SLOTS`, so a storm

@@ -59,12 +59,20 @@ impl Warp for NvptxWarp {
     fn shfl(&self, mask: u32, v: u32, src: u32) -> u32 {
         let r: u32;
         // SAFETY: every lane of `mask` executes this call (the trait's contract); 31 clamps the
-        // source to the warp.
+        // source to the warp. A literal full mask spares ptxas's run-time convergence check
+        // (match + redux + vote before every shuffle with a register mask).
         unsafe {
-            core::arch::asm!(
-                "shfl.sync.idx.b32 {r}, {v}, {src}, 31, {mask};",
-                r = out(reg32) r, v = in(reg32) v, src = in(reg32) src, mask = in(reg32) mask,
-            )
+            if mask == u32::MAX {
+                core::arch::asm!(
+                    "shfl.sync.idx.b32 {r}, {v}, {src}, 31, -1;",
+                    r = out(reg32) r, v = in(reg32) v, src = in(reg32) src,
+                )
+            } else {
+                core::arch::asm!(
+                    "shfl.sync.idx.b32 {r}, {v}, {src}, 31, {mask};",
+                    r = out(reg32) r, v = in(reg32) v, src = in(reg32) src, mask = in(reg32) mask,
+                )
+            }
         };
         r
     }
@@ -74,10 +82,17 @@ impl Warp for NvptxWarp {
         let r: u32;
         // SAFETY: as for `shfl` (sm_70+).
         unsafe {
-            core::arch::asm!(
-                "match.any.sync.b64 {r}, {v}, {mask};",
-                r = out(reg32) r, v = in(reg64) v, mask = in(reg32) mask,
-            )
+            if mask == u32::MAX {
+                core::arch::asm!(
+                    "match.any.sync.b64 {r}, {v}, -1;",
+                    r = out(reg32) r, v = in(reg64) v,
+                )
+            } else {
+                core::arch::asm!(
+                    "match.any.sync.b64 {r}, {v}, {mask};",
+                    r = out(reg32) r, v = in(reg64) v, mask = in(reg32) mask,
+                )
+            }
         };
         r
     }
@@ -100,10 +115,17 @@ impl Warp for NvptxWarp {
         let r: u32;
         // SAFETY: as for `shfl`.
         unsafe {
-            core::arch::asm!(
-                "{{ .reg .pred p; setp.ne.u32 p, {x}, 0; vote.sync.ballot.b32 {r}, p, {mask}; }}",
-                r = out(reg32) r, x = in(reg32) pred as u32, mask = in(reg32) mask,
-            )
+            if mask == u32::MAX {
+                core::arch::asm!(
+                    "{{ .reg .pred p; setp.ne.u32 p, {x}, 0; vote.sync.ballot.b32 {r}, p, -1; }}",
+                    r = out(reg32) r, x = in(reg32) pred as u32,
+                )
+            } else {
+                core::arch::asm!(
+                    "{{ .reg .pred p; setp.ne.u32 p, {x}, 0; vote.sync.ballot.b32 {r}, p, {mask}; }}",
+                    r = out(reg32) r, x = in(reg32) pred as u32, mask = in(reg32) mask,
+                )
+            }
         };
         r
     }

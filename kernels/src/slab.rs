@@ -1,27 +1,29 @@
 //! The slab heap: fixed-size blocks tracked by a bitmap (bit set = in use), counted per shard.
 //!
-//! **Allocation** is warp-cooperative, and on its fast path costs a warp two atomics:
-//! 1. the leader reserves `k` blocks of the shard holding the warp's hint with one `fetch_add`
-//!    on the shard's used count ([`Slab::reserve`]): once that succeeds, `k` clear bits are
-//!    guaranteed to exist in the shard, because frees clear a bit *before* they decrement the
-//!    count;
-//! 2. lane `r` sets bit `hint + r` itself ([`Warp::fetch_or_acquire`]). The lanes' bits lie in
-//!    one or two neighbouring words, which the GPU serves as one request, and each lane learns
-//!    from its own returned word whether it won, so nothing is shuffled back.
+//! **Allocation** is warp-cooperative; on its fast path the warp's leader makes two or three
+//! atomics for all its lanes:
+//! 1. it reserves `k` blocks of the shard holding the warp's hint with one `fetch_add` on the
+//!    shard's used count ([`Slab::reserve`]): once that succeeds, `k` clear bits are guaranteed
+//!    to exist in the shard, because frees clear a bit *before* they decrement the count;
+//! 2. it sets bits `hint .. hint + k` with one Acquire `fetch_or` per word they touch (one or
+//!    two, in flight together: [`Slab::claim_run`]) and shuffles to the lanes which ones it won;
+//!    lane `r` gets block `hint + r`.
 //!
-//! Warps start at a hint (on the GPU, their index in the grid spread evenly over the bitmap), so
-//! on a fresh heap neighbouring warps claim disjoint bits and step 2 always wins. Lanes that lose
+//! Warps start at a hint (on the GPU, warps are dealt round-robin over the shards and spread
+//! evenly inside each, so the warps running at one time touch different shard counts and
+//! different words), so on a fresh heap step 2 always wins. Lanes that lose
 //! (a bit already set, or a short reservation) take the slow path ([`Slab::alloc_slow`]): the
 //! leader claims the rest of the reservation word by word with one `fetch_or` per word, then
 //! scans the shard counts, one per lane, for other shards; a warp that finds none returns null
 //! (counted in the statistics). Without concurrent frees, a heap of `K` blocks serves exactly
 //! `K` requests.
 //!
-//! **Free**: each lane clears its own bit with one Release `fetch_and` (lanes freeing blocks of
-//! one word share the request); then one lane per shard decrements the shard's count by the bits
-//! its group cleared. In checked mode ([`FLAG_CHECKED_FREES`]) a lane whose bit was already clear
-//! is a double free: counted, and left out of the count, so the heap stays consistent. Pointers
-//! outside the heap or not at a block start are counted and ignored in either mode.
+//! **Free**: lanes freeing blocks of one word clear their bits with one Release `fetch_and` when
+//! the bits form a run (the usual case: blocks freed in the order they were handed out), else
+//! one per lane; then the group's first lane decrements the shard's count by the bits that were
+//! in fact set. A bit that was already clear is a double free: left out of the count in every
+//! mode, so the heap stays consistent, and counted in checked mode ([`FLAG_CHECKED_FREES`]).
+//! Pointers outside the heap or not at a block start are counted and ignored in either mode.
 //!
 //! No device-wide fence is on either path: the handover of a block is ordered by the Acquire and
 //! Release of the bitmap atomics themselves; the counts are Relaxed hints plus the reservation
@@ -196,21 +198,21 @@ impl<'a> Slab<'a> {
         let shard = ((hint >> 6) >> self.h.shard_words_log2) as u32;
 
         let mut take = 0;
+        let mut won = 0;
         if warp.lane() == leader {
             take = self.reserve(shard, total);
+            let run = (self.shard_end(shard) - hint).min(take as u64) as u32;
+            won = self.claim_run(warp, hint, run);
         }
-        let take = warp.shfl(active, take, leader);
+        // Bit `r` of `won`: block `hint + r` is the rank-`r` lane's.
+        let won = warp.shfl(active, won, leader);
         let mut mine = NONE;
-        let b = hint + rank as u64;
-        if rank < take && b < self.shard_end(shard) {
-            let bit = 1u64 << (b & 63);
-            let old = warp.fetch_or_acquire(self.word((b >> 6) as u32), bit);
-            if old & bit == 0 {
-                mine = b;
-            }
+        if (won >> rank) & 1 != 0 {
+            mine = hint + rank as u64;
         }
-        let got = warp.ballot(active, mine != NONE);
-        if got != active {
+        if won.count_ones() < total {
+            let take = warp.shfl(active, take, leader);
+            let got = warp.ballot(active, mine != NONE);
             self.alloc_slow(
                 warp,
                 active,
@@ -224,6 +226,30 @@ impl<'a> Slab<'a> {
         } else {
             self.block(mine)
         }
+    }
+
+    /// Sets bits `hint .. hint + n` (`n <= 32`, inside one shard) with one Acquire `fetch_or` per
+    /// word they touch (at most two, in flight together); returns which of them this call
+    /// turned from clear to set, bit `r` for block `hint + r`.
+    #[inline(always)]
+    pub fn claim_run<W: Warp>(&self, warp: &W, hint: u64, n: u32) -> u32 {
+        if n == 0 {
+            return 0;
+        }
+        let w = (hint >> 6) as u32;
+        let o = (hint & 63) as u32;
+        let run = (1u64 << n) - 1;
+        let lo = run << o;
+        // Acquire: the previous owners' accesses (released by their frees) happen before the
+        // lanes' that get these blocks through the shuffle that follows in warp order.
+        let old_lo = warp.fetch_or_acquire(self.word(w), lo);
+        let mut won = ((lo & !old_lo) >> o) as u32;
+        if o + n > 64 {
+            let hi = run >> (64 - o);
+            let old_hi = warp.fetch_or_acquire(self.word(w + 1), hi);
+            won |= ((hi & !old_hi) << (64 - o)) as u32;
+        }
+        won
     }
 
     /// The lanes of `active` outside `got` still need a block: the leader claims the rest of the
@@ -350,8 +376,7 @@ impl<'a> Slab<'a> {
             }
         }
         if is_leader && left > 0 {
-            // Only a broken invariant (a foreign write to the bitmap, or an unchecked double
-            // free) gets here: give the reservation back rather than spin.
+            // Only a broken invariant (a foreign write to the bitmap) gets here: give the reservation back rather than spin.
             self.unreserve(shard, left);
         }
     }
@@ -396,38 +421,55 @@ impl<'a> Slab<'a> {
     }
 
     /// Frees `ptr` (a block of this segment, see [`Slab::index_of`]) for each calling lane.
+    ///
+    /// Lanes freeing blocks of one word form a group. When their bits form a run in rank order
+    /// (blocks freed in the order they were handed out, the common case), the group's first lane
+    /// clears them all with one `fetch_and`; otherwise each lane clears its own bit.
     #[inline(always)]
     pub fn free_index<W: Warp>(&self, warp: &W, idx: u64) {
         let active = warp.active();
         let lane = warp.lane();
         let word = (idx >> 6) as u32;
-        let bit = 1u64 << (idx & 63);
-        // Release: this lane's accesses to the block happen before its next owner's.
-        let old = warp.fetch_and_release(self.word(word), !bit);
-        // The ballot waits for every lane's result, so the count below never moves before the
-        // bits it stands for are clear (a reservation never outnumbers the clear bits).
-        let cleared = warp.ballot(active, old & bit != 0);
-        let shard = word >> self.h.shard_words_log2;
-        let leader = active.trailing_zeros();
-        let first = warp.shfl(active, shard, leader);
-        let group = if warp.ballot(active, shard == first) == active {
+        let b = (idx & 63) as u32;
+        let first = warp.shfl(active, word, active.trailing_zeros());
+        let group = if warp.ballot(active, word == first) == active {
             active
         } else {
-            warp.match_any(active, shard as u64)
+            warp.match_any(active, word as u64)
         };
-        if lane != group.trailing_zeros() {
+        let head = group.trailing_zeros();
+        let b0 = warp.shfl(active, b, head);
+        let in_run = warp.ballot(active, b == b0 + rank_in(group, lane));
+        let lanes = group.count_ones();
+        let mut freed = 0;
+        let mut mine_was_set = false;
+        if in_run & group == group {
+            if lane == head {
+                let run = ((1u64 << lanes) - 1) << b0;
+                // Release: the lanes' accesses to their blocks (this warp's, issued before this
+                // instruction) happen before the next owners'.
+                let old = warp.fetch_and_release(self.word(word), !run);
+                freed = (old & run).count_ones();
+            }
+        } else {
+            let bit = 1u64 << b;
+            let old = warp.fetch_and_release(self.word(word), !bit);
+            mine_was_set = old & bit != 0;
+        }
+        // Waits for every lane's result: the count below moves only after the bits it stands
+        // for are clear (a reservation never outnumbers the clear bits).
+        let cleared = warp.ballot(active, mine_was_set);
+        if lane != head {
             return;
         }
-        let lanes = group.count_ones();
-        let mut freed = lanes;
-        if self.h.flags & FLAG_CHECKED_FREES != 0 {
+        if in_run & group != group {
             freed = (cleared & group).count_ones();
-            if freed < lanes {
-                self.counter(COUNTER_DOUBLE_FREES, warp.slot_hint())
-                    .fetch_add((lanes - freed) as u64, Ordering::Relaxed);
-            }
         }
-        self.unreserve(shard, freed);
+        if freed < lanes && self.h.flags & FLAG_CHECKED_FREES != 0 {
+            self.counter(COUNTER_DOUBLE_FREES, warp.slot_hint())
+                .fetch_add((lanes - freed) as u64, Ordering::Relaxed);
+        }
+        self.unreserve(word >> self.h.shard_words_log2, freed);
     }
 
     /// Counts a pointer that belongs to no segment.
