@@ -16,7 +16,10 @@ unsafe fn handle<'a>(heap: *const HeapHandle, kind: u32) -> Option<&'a HeapHandl
     }
     // SAFETY: the caller passes the address of a heap region (or null, handled above).
     let h = unsafe { &*heap };
-    (h.magic == HEAP_MAGIC && h.kind == kind).then_some(h)
+    // One 8-byte load for both fields (the handle is 8-byte aligned; `magic` comes first).
+    // SAFETY: as above.
+    let tag = unsafe { (heap as *const u64).read() };
+    (tag == HEAP_MAGIC as u64 | (kind as u64) << 32).then_some(h)
 }
 
 /// This warp's preferred block, the same for every lane. Warps are dealt round-robin over the
@@ -27,7 +30,8 @@ unsafe fn handle<'a>(heap: *const HeapHandle, kind: u32) -> Option<&'a HeapHandl
 #[inline(always)]
 fn slab_hint(h: &HeapHandle) -> u64 {
     let (warp, warps) = nvptx::warp_in_grid();
-    let shards = h.nshards.max(1);
+    // Whole shards only: a short last shard would get as many warps as the others.
+    let shards = ((h.capacity >> 6) >> h.shard_words_log2).clamp(1, h.nshards.max(1) as u64) as u32;
     if warps > u32::MAX as u64 {
         return (warp as f64 * (h.capacity as f64 / warps as f64)) as u64;
     }
