@@ -58,30 +58,40 @@ impl Ctx {
     }
 }
 
-/// Slab alloc and free rates (G/s) with the heap at `cap` blocks.
-fn slab(c: &Ctx, n: u64, bs: u64, cap: u64, out: &DeviceVec<u64>) -> carve::Result<(f64, f64)> {
+/// Slab alloc and free rates (G/s) with the heap at `cap` blocks; `relaxed` runs the ablation
+/// kernels (bitmap atomics without Acquire/Release).
+fn slab(
+    c: &Ctx,
+    n: u64,
+    bs: u64,
+    cap: u64,
+    out: &DeviceVec<u64>,
+    relaxed: bool,
+) -> carve::Result<(f64, f64)> {
     let heap = DeviceHeap::slab(c.mr.clone(), &c.stream, cap, bs)?;
     let k = c.kernels();
     let h = heap.device_ptr();
-    // SAFETY (all launches below): `out` holds n u64s; the heap lives until the end.
-    let alloc = time(
-        &c.dev,
-        &c.stream,
-        // SAFETY: the buffers and heap outlive the launch; see the caller.
-        || unsafe { k.slab_alloc(n, h, out.as_ptr(), n) },
-        // SAFETY: the buffers and heap outlive the launch; see the caller.
-        || unsafe { k.slab_free(n, h, out.as_ptr(), n) },
-    )?;
-    // SAFETY: as above; the free timing starts from a full set of blocks.
-    unsafe { k.slab_alloc(n, h, out.as_ptr(), n) }?;
-    let free = time(
-        &c.dev,
-        &c.stream,
-        // SAFETY: the buffers and heap outlive the launch; see the caller.
-        || unsafe { k.slab_free(n, h, out.as_ptr(), n) },
-        // SAFETY: the buffers and heap outlive the launch; see the caller.
-        || unsafe { k.slab_alloc(n, h, out.as_ptr(), n) },
-    );
+    // SAFETY: `out` holds n u64s; the heap lives until the end.
+    let alloc = || unsafe {
+        if relaxed {
+            k.slab_alloc_relaxed(n, h, out.as_ptr(), n)
+        } else {
+            k.slab_alloc(n, h, out.as_ptr(), n)
+        }
+    };
+    // SAFETY: as above.
+    let free = || unsafe {
+        if relaxed {
+            k.slab_free_relaxed(n, h, out.as_ptr(), n)
+        } else {
+            k.slab_free(n, h, out.as_ptr(), n)
+        }
+    };
+    let alloc_ms = time(&c.dev, &c.stream, alloc, free)?;
+    // The free timing starts from a full set of blocks.
+    alloc()?;
+    let free = time(&c.dev, &c.stream, free, alloc);
+    let alloc = alloc_ms;
     // The last `between` left blocks allocated; the heap goes with them.
     let free = free?;
     let s = heap.stats()?;
@@ -133,6 +143,13 @@ fn cuda_malloc(c: &Ctx, n: u64, bs: u64, out: &DeviceVec<u64>) -> carve::Result<
     ))
 }
 
+/// A comma-separated list from `var`, to narrow the grid when profiling (for example
+/// `CARVE_DEVICE_ALLOC_N=24 CARVE_DEVICE_ALLOC_BLOCK=16` under ncu).
+fn env_list<T: std::str::FromStr>(var: &str) -> Option<Vec<T>> {
+    let v = std::env::var(var).ok()?;
+    v.split(',').map(|x| x.trim().parse().ok()).collect()
+}
+
 pub fn run(quick: bool) -> carve::Result<Table> {
     let mut table = Table::new(
         "device_alloc: N threads, one request each (G allocs/s unless noted; median of 5)",
@@ -177,20 +194,24 @@ pub fn run(quick: bool) -> carve::Result<Table> {
         malloc_heap >> 20,
         MALLOC_LIMIT.as_secs()
     ));
-    let ns: &[u32] = if quick { &[20, 22] } else { &[20, 22, 24, 26] };
-    let sizes: &[u64] = if quick {
-        &[16, 1024]
+    let ns = env_list::<u32>("CARVE_DEVICE_ALLOC_N").unwrap_or(if quick {
+        vec![20, 22]
     } else {
-        &[16, 64, 256, 1024, 4096]
-    };
+        vec![20, 22, 24, 26]
+    });
+    let sizes = env_list::<u64>("CARVE_DEVICE_ALLOC_BLOCK").unwrap_or(if quick {
+        vec![16, 1024]
+    } else {
+        vec![16, 64, 256, 1024, 4096]
+    });
     let counter = DeviceVec::<u64>::zeroed(2, &c.stream, c.mr.clone())?;
-    for &log_n in ns {
+    for &log_n in &ns {
         let n = 1u64 << log_n;
         let out = DeviceVec::<u64>::zeroed(n as usize, &c.stream, c.mr.clone())?;
         let k = c.kernels();
         // SAFETY: no arguments.
         let empty = time(&c.dev, &c.stream, || unsafe { k.empty(1) }, || Ok(()))?;
-        for &bs in sizes {
+        for &bs in &sizes {
             let mut row = vec![format!("2^{log_n}"), bs.to_string(), format!("{empty:.3}")];
             if n * bs * 3 / 2 > MAX_HEAP {
                 row.extend(std::iter::repeat_n("(heap > 40 GiB)".to_string(), 7));
@@ -224,10 +245,18 @@ pub fn run(quick: bool) -> carve::Result<Table> {
             } else {
                 format!("{} ({failed} failed)", rate(n, bump))
             });
-            let (a, f) = slab(&c, n, bs, n + n / 2, &out)?;
+            let (a, f) = slab(&c, n, bs, n + n / 2, &out, false)?;
             row.push(format!("{a:.1}"));
             row.push(format!("{f:.1}"));
-            let (a90, _) = slab(&c, n, bs, (n * 10).div_ceil(9), &out)?;
+            if bs == 16 && log_n >= 22 {
+                let (ra, rf) = slab(&c, n, bs, n + n / 2, &out, true)?;
+                table.note(format!(
+                    "ablation, 2^{log_n} × 16 B at 1.5×: with relaxed bitmap atomics (no \
+                     Acquire/Release; not a correct heap) slab alloc {ra:.1} and free {rf:.1} \
+                     G/s, against {a:.1} and {f:.1} ordered."
+                ));
+            }
+            let (a90, _) = slab(&c, n, bs, (n * 10).div_ceil(9), &out, false)?;
             row.push(format!("{a90:.1}"));
             if log_n == 20 && (bs == 16 || bs == 1024) {
                 let (m, f) = cuda_malloc(&c, n, bs, &out)?;

@@ -22,6 +22,12 @@ use crate::warp::{rank_in, Warp};
 /// Granule of every reservation: all sizes are rounded up to it, and chunks start on it.
 pub const GRANULE: u64 = 16;
 
+/// `v` rounded up to `align`, a power of two.
+#[inline(always)]
+fn round_up(v: u64, align: u64) -> u64 {
+    (v + align - 1) & !(align - 1)
+}
+
 /// A view of one formatted bump segment.
 #[derive(Clone, Copy, Debug)]
 pub struct Bump<'a> {
@@ -142,13 +148,19 @@ impl<'a> Bump<'a> {
         let lane = warp.lane();
         let leader = mask.trailing_zeros();
         let rank = rank_in(mask, lane);
-        // Alignments are powers of two, so their OR's top bit is the largest.
-        let any = warp.or_reduce(mask, align);
-        let warp_align = 1u64 << (63 - any.leading_zeros());
-        let size = bytes.div_ceil(warp_align) * warp_align;
-        let (prefix, total) = if warp.match_all(mask, size) {
-            (rank as u64 * size, mask.count_ones() as u64 * size)
+        // The common case, every lane asking the same: the leader's size and alignment are the
+        // warp's, checked with one 64-bit shuffle of both and a vote instead of a reduction.
+        let key = bytes | ((align.trailing_zeros() as u64) << 58);
+        let lead = warp.shfl64(mask, key, leader);
+        let uniform = warp.ballot(mask, key == lead && bytes < 1 << 58) == mask;
+        let (warp_align, prefix, total) = if uniform {
+            let size = round_up(bytes, align);
+            (align, rank as u64 * size, mask.count_ones() as u64 * size)
         } else {
+            // Alignments are powers of two, so their OR's top bit is the largest.
+            let any = warp.or_reduce(mask, align);
+            let warp_align = 1u64 << (63 - any.leading_zeros());
+            let size = round_up(bytes, warp_align);
             let mut prefix = 0;
             let mut total = 0;
             let mut rest = mask;
@@ -161,7 +173,7 @@ impl<'a> Bump<'a> {
                 }
                 total += s;
             }
-            (prefix, total)
+            (warp_align, prefix, total)
         };
         // Room to align the warp's start to `warp_align` whatever granule it lands on.
         let request = total + warp_align - GRANULE;
@@ -169,13 +181,18 @@ impl<'a> Bump<'a> {
         if lane == leader {
             let chunked = self.h.nwords > 0 && request <= self.chunk() / 4;
             let got = if chunked {
-                self.reserve_in_slot(warp.slot_hint() % self.h.nwords, request)
+                let s = warp.slot_hint();
+                let s = if s < self.h.nwords {
+                    s
+                } else {
+                    s % self.h.nwords
+                };
+                self.reserve_in_slot(s, request)
             } else {
                 self.reserve_global(request)
             };
             if let Some(off) = got {
-                let start = self.h.data + off;
-                base = start.div_ceil(warp_align) * warp_align;
+                base = round_up(self.h.data + off, warp_align);
             } else if count_failures {
                 self.count_failure(warp.slot_hint(), mask.count_ones() as u64);
             }

@@ -4,7 +4,7 @@
 //! [`crate::bump`] with [`NvptxWarp`].
 
 use crate::heap_layout::{HeapHandle, HEAP_MAGIC, KIND_BUMP, KIND_SLAB};
-use crate::nvptx::{self, NvptxWarp};
+use crate::nvptx::{self, NvptxWarp, RelaxedWarp};
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use crate::{bump, slab};
 
@@ -16,16 +16,35 @@ unsafe fn handle<'a>(heap: *const HeapHandle, kind: u32) -> Option<&'a HeapHandl
     }
     // SAFETY: the caller passes the address of a heap region (or null, handled above).
     let h = unsafe { &*heap };
-    (h.magic == HEAP_MAGIC && h.kind == kind).then_some(h)
+    // One 8-byte load for both fields (the handle is 8-byte aligned; `magic` comes first).
+    // SAFETY: as above.
+    let tag = unsafe { (heap as *const u64).read() };
+    (tag == HEAP_MAGIC as u64 | (kind as u64) << 32).then_some(h)
 }
 
-/// This warp's preferred block: warps spread evenly over the blocks by their grid index, so a
-/// fresh heap gives neighbouring warps disjoint words.
+/// This warp's preferred block, the same for every lane. Warps are dealt round-robin over the
+/// shards (`warp % nshards`), and the warps of one shard are spread evenly over its bits: the
+/// warps that run at one time (neighbours in the grid) touch different shard counts, so no
+/// count's cache line is hot, and on a fresh heap whose blocks outnumber the grid's threads
+/// each warp's run of bits is clear.
 #[inline(always)]
 fn slab_hint(h: &HeapHandle) -> u64 {
-    let warp = nvptx::global_thread_index() / 32;
-    let warps = nvptx::grid_threads().div_ceil(32).max(1);
-    (warp as f64 / warps as f64 * h.capacity as f64) as u64
+    let (warp, warps) = nvptx::warp_in_grid();
+    // Whole shards only: a short last shard would get as many warps as the others.
+    let shards = ((h.capacity >> 6) >> h.shard_words_log2).clamp(1, h.nshards.max(1) as u64) as u32;
+    if warps > u32::MAX as u64 {
+        return (warp as f64 * (h.capacity as f64 / warps as f64)) as u64;
+    }
+    let (warp, warps) = (warp as u32, warps as u32);
+    let per_shard = warps.div_ceil(shards);
+    let bits = 64u64 << h.shard_words_log2;
+    let spacing = if bits <= u32::MAX as u64 {
+        (bits as u32 / per_shard) as u64
+    } else {
+        bits / per_shard as u64
+    };
+    let (s, k) = (warp % shards, warp / shards);
+    s as u64 * bits + k as u64 * spacing
 }
 
 /// Allocates one block of the slab heap at `heap`; null when it is exhausted or not a slab.
@@ -264,6 +283,51 @@ pub unsafe extern "ptx-kernel" fn carve_heap_slab_churn(
         }
         // SAFETY: i < n.
         unsafe { slot.write(q as u64) };
+    }
+}
+
+/// Ablation for the benchmark: [`carve_heap_slab_alloc`] with relaxed bitmap atomics, to
+/// measure what the Acquire ordering costs. Not for use: see [`RelaxedWarp`].
+///
+/// # Safety
+/// As for [`carve_heap_slab_alloc`].
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn carve_bench_slab_alloc_relaxed(
+    heap: *const HeapHandle,
+    out: *mut u64,
+    n: u64,
+) {
+    if let Some(i) = tid(n) {
+        // SAFETY: forwarded contract; i < n.
+        if let Some(h) = unsafe { handle(heap, KIND_SLAB) } {
+            // SAFETY: a formatted slab chain; i < n.
+            unsafe {
+                out.add(i)
+                    .write(slab::chain_alloc(h, &RelaxedWarp, slab_hint(h)) as u64)
+            };
+        }
+    }
+}
+
+/// Ablation: [`carve_heap_slab_free`] with relaxed bitmap atomics (see
+/// [`carve_bench_slab_alloc_relaxed`]).
+///
+/// # Safety
+/// As for [`carve_heap_slab_free`].
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn carve_bench_slab_free_relaxed(
+    heap: *const HeapHandle,
+    ptrs: *const u64,
+    n: u64,
+) {
+    if let Some(i) = tid(n) {
+        // SAFETY: forwarded contract; i < n.
+        let p = unsafe { ptrs.add(i).read() } as *mut u8;
+        // SAFETY: forwarded contract.
+        if let (false, Some(h)) = (p.is_null(), unsafe { handle(heap, KIND_SLAB) }) {
+            // SAFETY: a formatted slab chain.
+            unsafe { slab::chain_free(h, &RelaxedWarp, p) }
+        }
     }
 }
 

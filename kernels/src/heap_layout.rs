@@ -15,8 +15,8 @@ pub const HEAP_MAGIC: u32 = 0xCA4E_4EA9;
 pub const KIND_SLAB: u32 = 1;
 /// `HeapHandle::kind` of a bump arena.
 pub const KIND_BUMP: u32 = 2;
-/// `HeapHandle::flags`: frees read the bitmap back and count double frees instead of trusting
-/// the caller (one returned atomic per word group instead of a fire-and-forget one).
+/// `HeapHandle::flags`: double frees are counted in the statistics (every slab ignores them:
+/// frees read the bitmap back either way).
 pub const FLAG_CHECKED_FREES: u32 = 1;
 
 /// Slots per statistics counter: failures are added to slot `warp % COUNTER_SLOTS`, so a storm
@@ -216,15 +216,16 @@ pub fn bump_layout(capacity: u64, nslots: u32) -> Option<RegionLayout> {
     })
 }
 
-/// Bump chunk size for an arena: at most 1 MiB (so that a warp of 1 KiB requests still takes
-/// the per-SM path), and small enough that every slot can hold a
-/// chunk while 3/4 of the arena stays for the rest. `None`: too small to chunk.
+/// Bump chunk size for an arena: at most 16 MiB (so that an SM refills its chunk once per
+/// hundreds of warps even at 1 KiB per request, and a warp of 4 KiB requests still takes the
+/// per-SM path), and small enough that every slot can hold a chunk while 3/4 of the arena stays
+/// for the rest. `None`: too small to chunk.
 pub fn bump_chunk_log2(capacity: u64, nslots: u32) -> Option<u32> {
     let per_slot = capacity / (4 * nslots.max(1) as u64);
     if per_slot < 4096 {
         return None;
     }
-    Some((63 - per_slot.leading_zeros()).min(20))
+    Some((63 - per_slot.leading_zeros()).min(24))
 }
 
 #[cfg(test)]
@@ -260,7 +261,8 @@ mod tests {
     fn bump_chunks_only_when_roomy() {
         assert_eq!(bump_chunk_log2(1 << 20, 256), None);
         assert_eq!(bump_chunk_log2(1 << 30, 256), Some(20));
-        assert_eq!(bump_chunk_log2(1 << 34, 256), Some(20));
+        assert_eq!(bump_chunk_log2(1 << 34, 256), Some(24));
+        assert_eq!(bump_chunk_log2(1 << 40, 256), Some(24));
         assert_eq!(bump_chunk_log2(1 << 24, 256), Some(14));
     }
 }

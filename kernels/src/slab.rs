@@ -1,23 +1,33 @@
 //! The slab heap: fixed-size blocks tracked by a bitmap (bit set = in use), counted per shard.
 //!
-//! **Allocation** is warp-cooperative. The leader of the lanes that call together
-//! 1. reserves `k` blocks of one shard with one `fetch_add` on the shard's used count
-//!    ([`Slab::reserve`]): once that succeeds, `k` clear bits are guaranteed to exist in the
-//!    shard, because frees clear a bit *before* they decrement the count;
-//! 2. claims them with one `fetch_or` per bitmap word ([`Slab::claim_round`]), several bits for
-//!    several lanes at once, and hands the new bits out by lane rank.
+//! **Allocation** is warp-cooperative; on its fast path the warp's leader makes two or three
+//! atomics for all its lanes:
+//! 1. it reserves `k` blocks of the shard holding the warp's hint with one `fetch_add` on the
+//!    shard's used count ([`Slab::reserve`]): once that succeeds, `k` clear bits are guaranteed
+//!    to exist in the shard, because frees clear a bit *before* they decrement the count;
+//! 2. it sets bits `hint .. hint + k` with one Acquire `fetch_or` per word they touch (one or
+//!    two, in flight together: [`Slab::claim_run`]) and shuffles to the lanes which ones it won;
+//!    lane `r` gets block `hint + r`.
 //!
-//! Warps start at a hint (on the GPU, their index in the grid spread evenly over the bitmap), so
-//! on a fresh heap neighbouring warps claim disjoint bits and a warp costs about two atomics.
-//! When a shard has no room the warp scans the shard counts, one per lane, for another; a warp
-//! that finds none returns null (counted in the statistics). Without concurrent frees, a heap of
-//! `K` blocks serves exactly `K` requests.
+//! Warps start at a hint (on the GPU, warps are dealt round-robin over the shards and spread
+//! evenly inside each, so the warps running at one time touch different shard counts and
+//! different words), so on a fresh heap step 2 always wins. Lanes that lose
+//! (a bit already set, or a short reservation) take the slow path ([`Slab::alloc_slow`]): the
+//! leader claims the rest of the reservation word by word with one `fetch_or` per word, then
+//! scans the shard counts, one per lane, for other shards; a warp that finds none returns null
+//! (counted in the statistics). Without concurrent frees, a heap of `K` blocks serves exactly
+//! `K` requests.
 //!
-//! **Free**: lanes freeing blocks of the same word (`match.any`) OR their bits together and one of
-//! them clears them with one `fetch_and`, then decrements the shard count. In checked mode
-//! ([`FLAG_CHECKED_FREES`]) the returned word tells which bits were already clear: those are
-//! counted as double frees and left out of the count, so the heap stays consistent. Pointers
-//! outside the heap or not at a block start are counted and ignored in either mode.
+//! **Free**: lanes freeing blocks of one word clear their bits with one Release `fetch_and` when
+//! the bits form a run (the usual case: blocks freed in the order they were handed out), else
+//! one per lane; then the group's first lane decrements the shard's count by the bits that were
+//! in fact set. A bit that was already clear is a double free: left out of the count in every
+//! mode, so the heap stays consistent, and counted in checked mode ([`FLAG_CHECKED_FREES`]).
+//! Pointers outside the heap or not at a block start are counted and ignored in either mode.
+//!
+//! No device-wide fence is on either path: the handover of a block is ordered by the Acquire and
+//! Release of the bitmap atomics themselves; the counts are Relaxed hints plus the reservation
+//! invariant above.
 //!
 //! Every access to heap memory goes through the addresses in the [`HeapHandle`].
 
@@ -131,14 +141,21 @@ impl<'a> Slab<'a> {
     /// Bits that were in fact set already are untouched, so a stale `cur` costs a retry, never a
     /// block handed out twice.
     #[inline(always)]
-    pub fn claim_round(&self, w: u32, cur: u64, from: u32, want: u32) -> (u64, u64) {
+    pub fn claim_round<W: Warp>(
+        &self,
+        warp: &W,
+        w: u32,
+        cur: u64,
+        from: u32,
+        want: u32,
+    ) -> (u64, u64) {
         let free = !cur & self.valid_bits(w) & (u64::MAX << from);
         if free == 0 || want == 0 {
             return (0, cur);
         }
         let mask = lowest_set_bits(free, want);
-        // Acquire: the previous owner's writes (released by its free) happen before ours.
-        let old = self.word(w).fetch_or(mask, Ordering::Acquire);
+        // Acquire: the previous owners' accesses (released by their frees) happen before ours.
+        let old = warp.fetch_or_acquire(self.word(w), mask);
         (mask & !old, old | mask)
     }
 
@@ -146,6 +163,23 @@ impl<'a> Slab<'a> {
     #[inline(always)]
     pub fn has_room(&self, s: u32) -> bool {
         self.used(s).load(Ordering::Relaxed) < self.shard_capacity(s)
+    }
+
+    /// First bit past shard `s`.
+    #[inline(always)]
+    fn shard_end(&self, s: u32) -> u64 {
+        (((s as u64) + 1) << (self.h.shard_words_log2 + 6)).min(self.h.capacity)
+    }
+
+    /// Block `i`'s address.
+    #[inline(always)]
+    fn block(&self, i: u64) -> *mut u8 {
+        let off = if self.h.block_shift != u32::MAX {
+            i << self.h.block_shift
+        } else {
+            i * self.h.block_size
+        };
+        (self.h.data + off) as *mut u8
     }
 
     /// Allocates one block for each calling lane of `warp`; null for lanes that could not get one.
@@ -156,63 +190,136 @@ impl<'a> Slab<'a> {
     pub fn alloc<W: Warp>(&self, warp: &W, hint: u64, count_failures: bool) -> *mut u8 {
         let active = warp.active();
         let leader = active.trailing_zeros();
-        let is_leader = warp.lane() == leader;
         let rank = rank_in(active, warp.lane());
         let total = active.count_ones();
         let cap = self.h.capacity;
-        let hint = warp.shfl64(active, hint, leader) % cap;
+        let hint = warp.shfl64(active, hint, leader);
+        let hint = if hint < cap { hint } else { hint % cap };
+        let shard = ((hint >> 6) >> self.h.shard_words_log2) as u32;
 
-        let words_log2 = self.h.shard_words_log2;
-        let mut shard = ((hint / 64) >> words_log2) as u32;
-        let mut start_word = (hint / 64) as u32;
-        let mut from = (hint % 64) as u32;
-        let mut served = 0u32;
-        let mut mine = NONE;
-        // Each round either serves a lane or scans every shard; this bounds a pathological race
-        // with frees to a null result instead of a hang.
-        let mut rounds = 2 * self.h.nshards + 8;
-
-        while served < total && rounds > 0 {
-            rounds -= 1;
-            let mut take = 0;
-            if is_leader {
-                take = self.reserve(shard, total - served);
-            }
-            let take = warp.shfl(active, take, leader);
-            if take > 0 {
-                self.claim(
-                    warp,
-                    active,
-                    (shard, start_word, from),
-                    take,
-                    (rank, served),
-                    &mut mine,
-                );
-                served += take;
-                if served == total {
-                    break;
-                }
-            }
-            match self.find_shard(warp, active, shard + 1) {
-                Some(s) => {
-                    shard = s;
-                    start_word = s << words_log2;
-                    from = 0;
-                }
-                None => break,
-            }
+        let mut take = 0;
+        let mut won = 0;
+        if warp.lane() == leader {
+            take = self.reserve(shard, total);
+            let run = (self.shard_end(shard) - hint).min(take as u64) as u32;
+            won = self.claim_run(warp, hint, run);
         }
-        if count_failures && is_leader && served < total {
-            self.counter(COUNTER_FAILED_ALLOCS, warp.slot_hint())
-                .fetch_add((total - served) as u64, Ordering::Relaxed);
+        // Bit `r` of `won`: block `hint + r` is the rank-`r` lane's.
+        let won = warp.shfl(active, won, leader);
+        let mut mine = NONE;
+        if (won >> rank) & 1 != 0 {
+            mine = hint + rank as u64;
+        }
+        if won.count_ones() < total {
+            let take = warp.shfl(active, take, leader);
+            let got = warp.ballot(active, mine != NONE);
+            self.alloc_slow(
+                warp,
+                active,
+                (shard, hint, take, got),
+                &mut mine,
+                count_failures,
+            );
         }
         if mine == NONE {
             core::ptr::null_mut()
         } else {
-            // The block's previous owner released it before its bit was cleared; our writes to
-            // it must come after that on the GPU too.
-            warp.fence();
-            (self.h.data + mine * self.h.block_size) as *mut u8
+            self.block(mine)
+        }
+    }
+
+    /// Sets bits `hint .. hint + n` (`n <= 32`, inside one shard) with one Acquire `fetch_or` per
+    /// word they touch (at most two, in flight together); returns which of them this call
+    /// turned from clear to set, bit `r` for block `hint + r`.
+    #[inline(always)]
+    pub fn claim_run<W: Warp>(&self, warp: &W, hint: u64, n: u32) -> u32 {
+        if n == 0 {
+            return 0;
+        }
+        let w = (hint >> 6) as u32;
+        let o = (hint & 63) as u32;
+        let run = (1u64 << n) - 1;
+        let lo = run << o;
+        // Acquire: the previous owners' accesses (released by their frees) happen before the
+        // lanes' that get these blocks through the shuffle that follows in warp order.
+        let old_lo = warp.fetch_or_acquire(self.word(w), lo);
+        let mut won = ((lo & !old_lo) >> o) as u32;
+        if o + n > 64 {
+            let hi = run >> (64 - o);
+            let old_hi = warp.fetch_or_acquire(self.word(w + 1), hi);
+            won |= ((hi & !old_hi) << (64 - o)) as u32;
+        }
+        won
+    }
+
+    /// The lanes of `active` outside `got` still need a block: the leader claims the rest of the
+    /// fast path's reservation (`take` blocks of `shard`) from `hint` on, then reserves and claims
+    /// in other shards until every lane is served or no shard has room.
+    #[inline(never)]
+    fn alloc_slow<W: Warp>(
+        &self,
+        warp: &W,
+        active: u32,
+        (shard, hint, take, got): (u32, u64, u32, u32),
+        mine: &mut u64,
+        count_failures: bool,
+    ) {
+        let lane = warp.lane();
+        let leader = active.trailing_zeros();
+        let pending = active & !got;
+        let need = pending.count_ones();
+        // Rank among the lanes still waiting; the others never match a handed-out rank.
+        let rank = if pending & (1 << lane) != 0 {
+            rank_in(pending, lane)
+        } else {
+            u32::MAX
+        };
+        let log2 = self.h.shard_words_log2;
+        let left = take - got.count_ones();
+        let mut served = 0;
+        if left > 0 {
+            let from = (hint >> 6) as u32;
+            self.claim(
+                warp,
+                active,
+                (shard, from, (hint & 63) as u32),
+                left,
+                (rank, 0),
+                mine,
+            );
+            served = left;
+        }
+        let mut shard = shard;
+        // Each round serves a lane or scans every shard: a pathological race with frees ends in
+        // a null result, not a hang.
+        let mut rounds = 2 * self.h.nshards + 8;
+        while served < need && rounds > 0 {
+            rounds -= 1;
+            match self.find_shard(warp, active, shard + 1) {
+                Some(s) => shard = s,
+                None => break,
+            }
+            let mut t = 0;
+            if lane == leader {
+                t = self.reserve(shard, need - served);
+            }
+            let t = warp.shfl(active, t, leader);
+            if t > 0 {
+                self.claim(
+                    warp,
+                    active,
+                    (shard, shard << log2, 0),
+                    t,
+                    (rank, served),
+                    mine,
+                );
+                served += t;
+            }
+        }
+        let failed = warp.ballot(active, *mine == NONE).count_ones();
+        if count_failures && lane == leader && failed > 0 {
+            self.counter(COUNTER_FAILED_ALLOCS, warp.slot_hint())
+                .fetch_add(failed as u64, Ordering::Relaxed);
         }
     }
 
@@ -234,10 +341,8 @@ impl<'a> Slab<'a> {
         let words = (self.h.nwords - first).min(1 << self.h.shard_words_log2);
         let mut w = start_word;
         let mut from = from;
-        // The first word is tried optimistically as empty (one atomic on a fresh heap); later
-        // words are read first, since a walk means the shard is filling up.
         let mut cur = 0u64;
-        let mut known = true;
+        let mut known = false;
         let mut left = take;
         let mut served = served;
         let mut budget = 4 * words + 8;
@@ -248,7 +353,7 @@ impl<'a> Slab<'a> {
                     cur = self.word(w).load(Ordering::Relaxed);
                     known = true;
                 }
-                let (g, now) = self.claim_round(w, cur, from, left);
+                let (g, now) = self.claim_round(warp, w, cur, from, left);
                 got = g;
                 cur = now;
             }
@@ -271,11 +376,9 @@ impl<'a> Slab<'a> {
             }
         }
         if is_leader && left > 0 {
-            // Only a broken invariant (a foreign write to the bitmap) gets here: give the
-            // reservation back rather than spin.
+            // Only a broken invariant (a foreign write to the bitmap) gets here: give the reservation back rather than spin.
             self.unreserve(shard, left);
         }
-        let _ = served;
     }
 
     /// A shard after `from` (cyclically) with room, found by the lanes reading one count each.
@@ -287,7 +390,8 @@ impl<'a> Slab<'a> {
         let mut base = 0;
         while base < n {
             let i = base + rank;
-            let s = ((from as u64 + i as u64) % n as u64) as u32;
+            let s = from.min(n) + i;
+            let s = if s >= n { s - n } else { s };
             let room = i < n && self.has_room(s);
             let hits = warp.ballot(active, room);
             if hits != 0 {
@@ -317,36 +421,55 @@ impl<'a> Slab<'a> {
     }
 
     /// Frees `ptr` (a block of this segment, see [`Slab::index_of`]) for each calling lane.
+    ///
+    /// Lanes freeing blocks of one word form a group. When their bits form a run in rank order
+    /// (blocks freed in the order they were handed out, the common case), the group's first lane
+    /// clears them all with one `fetch_and`; otherwise each lane clears its own bit.
     #[inline(always)]
     pub fn free_index<W: Warp>(&self, warp: &W, idx: u64) {
-        // Each lane's writes to its block are performed before the group's `fetch_and` below,
-        // which the warp issues after this fence in program order.
-        warp.fence();
         let active = warp.active();
-        let word = (idx / 64) as u32;
-        let bit = 1u64 << (idx % 64);
-        let group = warp.match_any(active, word as u64);
-        let bits = warp.or_reduce(group, bit);
-        if warp.lane() != group.trailing_zeros() {
-            return;
-        }
-        let shard = word >> self.h.shard_words_log2;
+        let lane = warp.lane();
+        let word = (idx >> 6) as u32;
+        let b = (idx & 63) as u32;
+        let first = warp.shfl(active, word, active.trailing_zeros());
+        let group = if warp.ballot(active, word == first) == active {
+            active
+        } else {
+            warp.match_any(active, word as u64)
+        };
+        let head = group.trailing_zeros();
+        let b0 = warp.shfl(active, b, head);
+        let in_run = warp.ballot(active, b == b0 + rank_in(group, lane));
         let lanes = group.count_ones();
-        let mut freed = bits;
-        if self.h.flags & FLAG_CHECKED_FREES != 0 {
-            // Release: our writes to the blocks happen before their next owner's.
-            let old = self.word(word).fetch_and(!bits, Ordering::Release);
-            freed = bits & old;
-            let doubles = lanes - freed.count_ones();
-            if doubles > 0 {
-                self.counter(COUNTER_DOUBLE_FREES, warp.slot_hint())
-                    .fetch_add(doubles as u64, Ordering::Relaxed);
+        let mut freed = 0;
+        let mut mine_was_set = false;
+        if in_run & group == group {
+            if lane == head {
+                let run = ((1u64 << lanes) - 1) << b0;
+                // Release: the lanes' accesses to their blocks (this warp's, issued before this
+                // instruction) happen before the next owners'.
+                let old = warp.fetch_and_release(self.word(word), !run);
+                freed = (old & run).count_ones();
             }
         } else {
-            self.word(word).fetch_and(!bits, Ordering::Release);
+            let bit = 1u64 << b;
+            let old = warp.fetch_and_release(self.word(word), !bit);
+            mine_was_set = old & bit != 0;
         }
-        // After the bits are clear, so a reservation never outnumbers the clear bits.
-        self.unreserve(shard, freed.count_ones());
+        // Waits for every lane's result: the count below moves only after the bits it stands
+        // for are clear (a reservation never outnumbers the clear bits).
+        let cleared = warp.ballot(active, mine_was_set);
+        if lane != head {
+            return;
+        }
+        if in_run & group != group {
+            freed = (cleared & group).count_ones();
+        }
+        if freed < lanes && self.h.flags & FLAG_CHECKED_FREES != 0 {
+            self.counter(COUNTER_DOUBLE_FREES, warp.slot_hint())
+                .fetch_add((lanes - freed) as u64, Ordering::Relaxed);
+        }
+        self.unreserve(word >> self.h.shard_words_log2, freed);
     }
 
     /// Counts a pointer that belongs to no segment.

@@ -6,6 +6,8 @@
 //! [`SoloLane`] is a warp of one lane, so CPU threads and loom run exactly the code that a warp
 //! leader runs, with every collective degenerate.
 
+use crate::sync::atomic::{AtomicU64, Ordering};
+
 /// Collective operations over the lanes named by a mask. Every lane in `mask` must make the same
 /// call (as for the `*_sync` PTX instructions).
 pub trait Warp {
@@ -24,10 +26,20 @@ pub trait Warp {
     /// A small number shared by warps that run close together (the SM id on the GPU), used to
     /// pick per-SM cursors.
     fn slot_hint(&self) -> u32;
-    /// Orders this lane's plain reads and writes of heap blocks against the bitmap atomics that
-    /// hand them over. The host's atomics carry Acquire/Release themselves; on the GPU, where
-    /// the read-modify-write orderings are not emitted, this is `fence.acq_rel.gpu`.
-    fn fence(&self);
+    /// `a.fetch_or(v)` with Acquire ordering: the block whose bit this lane sets was released by
+    /// its previous owner's [`Warp::fetch_and_release`]. On the GPU this is one
+    /// `atom.acquire.gpu` (`core`'s atomics lower to relaxed `atom` there and drop the ordering),
+    /// so no lane pays for a device-wide fence.
+    #[inline(always)]
+    fn fetch_or_acquire(&self, a: &AtomicU64, v: u64) -> u64 {
+        a.fetch_or(v, Ordering::Acquire)
+    }
+    /// `a.fetch_and(v)` with Release ordering: this lane's reads and writes of the block it frees
+    /// happen before the next owner's. On the GPU, `atom.release.gpu`.
+    #[inline(always)]
+    fn fetch_and_release(&self, a: &AtomicU64, v: u64) -> u64 {
+        a.fetch_and(v, Ordering::Release)
+    }
 
     /// `v` as held by lane `src`, 64-bit.
     #[inline(always)]
@@ -100,8 +112,6 @@ impl Warp for SoloLane {
     fn slot_hint(&self) -> u32 {
         self.slot
     }
-    #[inline]
-    fn fence(&self) {}
 }
 
 /// Number of lanes of `mask` below `lane`.

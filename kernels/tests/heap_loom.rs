@@ -45,6 +45,28 @@ fn slab_alloc_races_free() {
     });
 }
 
+/// Two warps with the same hint on a 2-block heap: both reserve, both try bit 0 on the fast
+/// path; the loser claims the other bit on the slow path. Both succeed with distinct blocks.
+#[test]
+fn slab_fast_path_loser_falls_back() {
+    loom::model(|| {
+        let heap = Arc::new(HostHeap::slab(2, 16, Some(0), FLAG_CHECKED_FREES));
+        let h2 = heap.clone();
+        let t = thread::spawn(move || {
+            // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
+            unsafe { Slab::new(&h2.handle) }.alloc(&SoloLane { slot: 1 }, 0, true) as u64
+        });
+        // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
+        let slab = unsafe { Slab::new(&heap.handle) };
+        let a = slab.alloc(&SoloLane::default(), 0, true) as u64;
+        let b = t.join().unwrap();
+        assert!(a != 0 && b != 0 && a != b, "{a:#x} {b:#x}");
+        assert_eq!((heap.in_use(), heap.bits_set()), (2, 2));
+        assert!(slab.alloc(&SoloLane::default(), 0, true).is_null());
+        assert_eq!(heap.counter(COUNTER_FAILED_ALLOCS), 1);
+    });
+}
+
 /// Two reservations racing for the last block of a shard: exactly one gets it, and the loser's
 /// excess is given back.
 #[test]

@@ -181,6 +181,22 @@ fn slab_counts_double_and_foreign_frees_without_corruption() {
 }
 
 #[test]
+fn slab_claim_run_spans_two_words_and_reports_what_it_won() {
+    let heap = HostHeap::slab(200, 16, None, 0);
+    // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
+    let slab = unsafe { Slab::new(&heap.handle) };
+    let w = SoloLane::default();
+    // Bits 60..68 cross from word 0 into word 1.
+    assert_eq!(slab.claim_run(&w, 60, 8), 0xFF);
+    assert_eq!(heap.bits_set(), 8);
+    // Bits 58..66: 60..65 are taken, 58, 59 are won (ranks 0, 1).
+    assert_eq!(slab.claim_run(&w, 58, 8), 0b11);
+    assert_eq!(slab.claim_run(&w, 100, 32), u32::MAX);
+    assert_eq!(slab.claim_run(&w, 100, 0), 0);
+    assert_eq!(heap.bits_set(), 8 + 2 + 32);
+}
+
+#[test]
 fn slab_chain_moves_on_to_the_next_segment() {
     let a = HostHeap::slab(64, 16, None, 0);
     let b = HostHeap::slab(64, 16, None, 0);

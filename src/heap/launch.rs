@@ -87,6 +87,14 @@ impl<'a> HeapKernels<'a> {
         pattern_check => "carve_heap_pattern_check"(ptrs: u64, n: u64, bytes: u64, bad: u64)
     );
     launcher!(
+        /// Ablation: `slab_alloc` with relaxed bitmap atomics (benchmarks only).
+        slab_alloc_relaxed => "carve_bench_slab_alloc_relaxed"(heap: u64, out: u64, n: u64)
+    );
+    launcher!(
+        /// Ablation: `slab_free` with relaxed bitmap atomics (benchmarks only).
+        slab_free_relaxed => "carve_bench_slab_free_relaxed"(heap: u64, ptrs: u64, n: u64)
+    );
+    launcher!(
         /// Does nothing: the launch floor.
         empty => "carve_bench_empty"()
     );

@@ -85,8 +85,8 @@ impl DeviceHeap {
         )
     }
 
-    /// As [`DeviceHeap::slab`], but frees trust the caller: one fire-and-forget atomic per word
-    /// group, and a double free corrupts the block counts (never the bitmap).
+    /// As [`DeviceHeap::slab`], but double frees are not counted in the statistics (they are
+    /// still ignored: neither the bitmap nor the block counts change).
     pub fn slab_unchecked(
         resource: SharedResource,
         stream: &Stream,
