@@ -1,82 +1,19 @@
 //! The device heap on the GPU, at 2^24 threads: no block shared, exact exhaustion, reuse after
 //! exhaustion, and regions reserved from three kinds of memory. Skips without a GPU.
 
-use std::ptr::NonNull;
 use std::sync::Arc;
 
 use carve::heap::{HeapKernels, HeapStats};
-use carve::resource::Properties;
+use carve::resource::PoolOptions;
 use carve::{
-    CudaMemoryResource, Device, DeviceHeap, DeviceVec, MemoryResource, SharedResource, Stream,
-    StreamRef,
+    AsyncMemoryResource, CudaMemoryResource, Device, DeviceHeap, DeviceVec, ManagedMemoryResource,
+    PoolMemoryResource, SharedResource, Stream,
 };
-use cudarc::driver::{result, sys};
 
 const N: u64 = 1 << 24;
 
 fn cuda(dev: &Device) -> SharedResource {
     Arc::new(CudaMemoryResource::new(dev))
-}
-
-/// The driver's default pool, stream-ordered (`cuMemAllocAsync`): test-only, to reserve a heap
-/// from a second kind of resource.
-#[derive(Debug)]
-struct DriverPool;
-// SAFETY: the driver returns distinct, live, 256-byte-aligned blocks; frees are stream-ordered.
-unsafe impl MemoryResource for DriverPool {
-    fn allocate(
-        &self,
-        stream: StreamRef,
-        bytes: usize,
-        _align: usize,
-    ) -> carve::Result<NonNull<u8>> {
-        // SAFETY: the test binds the context first; the stream is live.
-        let p = unsafe { result::malloc_async(stream.as_raw(), bytes) }
-            .map_err(|e| carve::Error::InvalidArgument(format!("cuMemAllocAsync: {e:?}")))?;
-        NonNull::new(p as *mut u8).ok_or(carve::Error::ZeroSize)
-    }
-    unsafe fn deallocate(
-        &self,
-        stream: StreamRef,
-        ptr: NonNull<u8>,
-        _: usize,
-        _: usize,
-    ) -> carve::Result<()> {
-        // SAFETY: ptr came from cuMemAllocAsync.
-        unsafe { result::free_async(ptr.as_ptr() as u64, stream.as_raw()) }
-            .map_err(|e| carve::Error::InvalidArgument(format!("cuMemFreeAsync: {e:?}")))
-    }
-    fn properties(&self) -> Properties {
-        Properties::DEVICE
-    }
-}
-
-/// Managed memory (`cuMemAllocManaged`): test-only, the third kind.
-#[derive(Debug)]
-struct Managed;
-// SAFETY: as for DriverPool; cuMemFree waits for the device.
-unsafe impl MemoryResource for Managed {
-    fn allocate(&self, _: StreamRef, bytes: usize, _align: usize) -> carve::Result<NonNull<u8>> {
-        // SAFETY: a context is current (the test binds it).
-        let p =
-            unsafe { result::malloc_managed(bytes, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
-                .map_err(|e| carve::Error::InvalidArgument(format!("cuMemAllocManaged: {e:?}")))?;
-        NonNull::new(p as *mut u8).ok_or(carve::Error::ZeroSize)
-    }
-    unsafe fn deallocate(
-        &self,
-        _: StreamRef,
-        ptr: NonNull<u8>,
-        _: usize,
-        _: usize,
-    ) -> carve::Result<()> {
-        // SAFETY: ptr came from cuMemAllocManaged.
-        unsafe { result::free_sync(ptr.as_ptr() as u64) }
-            .map_err(|e| carve::Error::InvalidArgument(format!("cuMemFree: {e:?}")))
-    }
-    fn properties(&self) -> Properties {
-        Properties::BOTH
-    }
 }
 
 fn ptrs(stream: &Stream, dev: &Device, n: u64) -> DeviceVec<u64> {
@@ -188,14 +125,21 @@ fn exhaustion(heap: &DeviceHeap, stream: &Stream, dev: &Device) -> HeapStats {
 }
 
 #[test]
-fn slab_exhaustion_is_exact_on_three_resources() {
+fn slab_exhaustion_is_exact_on_four_resources() {
     let dev = carve::require_gpu!();
     let stream = dev.new_stream().unwrap();
-    dev.bind().unwrap();
+    let pool = PoolMemoryResource::new(CudaMemoryResource::new(&dev), PoolOptions::new(0)).unwrap();
     let resources: Vec<(&str, SharedResource)> = vec![
         ("cuda", cuda(&dev)),
-        ("driver pool", Arc::new(DriverPool)),
-        ("managed", Arc::new(Managed)),
+        (
+            "driver pool",
+            Arc::new(AsyncMemoryResource::default_pool(&dev).unwrap()),
+        ),
+        (
+            "managed",
+            Arc::new(ManagedMemoryResource::new(&dev).unwrap()),
+        ),
+        ("carve pool", Arc::new(pool)),
     ];
     for (name, r) in resources {
         let heap = DeviceHeap::slab(r, &stream, N / 2, 16).unwrap();
@@ -282,4 +226,28 @@ fn bump_serves_aligned_disjoint_ranges_and_resets() {
     assert!((N * 48 / 64 * 9 / 10..N).contains(&got), "got {got}");
     let s = small.stats().unwrap();
     assert_eq!(s.failed_allocs, N - got);
+}
+
+#[test]
+fn slab_blocks_are_aligned_to_their_size_over_a_256_byte_resource() {
+    let dev = carve::require_gpu!();
+    let stream = dev.new_stream().unwrap();
+    let k = HeapKernels::new(&stream);
+    for block in [512u64, 1024, 4096] {
+        let n = 4096;
+        let heap = DeviceHeap::slab(cuda(&dev), &stream, n, block).unwrap();
+        let p = ptrs(&stream, &dev, n);
+        // SAFETY: p holds n pointer slots; the heap outlives the launch (to_vec waits).
+        unsafe { k.slab_alloc(n, heap.device_ptr(), p.as_ptr(), n) }.unwrap();
+        let live = live_sorted(&p);
+        assert_eq!(live.len() as u64, n, "block {block}");
+        assert!(
+            live.iter().all(|a| a % block == 0),
+            "block {block}: misaligned"
+        );
+        assert!(
+            live.windows(2).all(|w| w[1] - w[0] >= block),
+            "block {block}: overlap"
+        );
+    }
 }

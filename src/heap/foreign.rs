@@ -6,9 +6,8 @@
 
 use carve_kernels::heap_layout::{self as layout, HeapHandle, RegionLayout, HANDLE_BYTES};
 
-use super::{block_align, bump_plan, relocate, slab_plan, HeapKind, HeapStats};
+use super::{bump_plan, region_align, relocate, slab_plan, HeapKind, HeapStats};
 use crate::error::{Error, Result};
-use crate::resource::DEFAULT_ALIGNMENT;
 
 /// How to format a heap of one kind and capacity in someone else's memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,10 +57,7 @@ impl ForeignHeapPlan {
 
     /// The alignment the region's base needs (the blocks' alignment, at least 256).
     pub fn align(&self) -> u64 {
-        match self.kind {
-            HeapKind::Slab { block_size } => block_align(block_size).max(DEFAULT_ALIGNMENT as u64),
-            HeapKind::Bump => DEFAULT_ALIGNMENT as u64,
-        }
+        region_align(self.kind) as u64
     }
 
     /// Bytes at the region's start that hold the statistics ([`ForeignHeapPlan::stats`]).

@@ -44,7 +44,11 @@ const BUMP_SLOTS: u32 = 256;
 
 #[derive(Debug)]
 struct Segment {
+    /// The heap's base: aligned for its blocks (see [`region_align`]).
     ptr: NonNull<u8>,
+    /// What the resource returned, and its length, for the free: the base may sit above it.
+    raw: NonNull<u8>,
+    raw_len: usize,
     layout: RegionLayout,
     handle: HeapHandle,
 }
@@ -206,11 +210,28 @@ impl DeviceHeap {
             HeapKind::Bump => bump_plan(capacity)?,
         };
         self.stream.device().bind()?;
-        let ptr = self
+        // Slab blocks are aligned to their size (up to 4 KiB), which not every resource can give
+        // (cuMemAlloc promises 256 B): reserve the slack and align the base inside the block.
+        let align = region_align(self.kind);
+        let raw_len =
+            region
+                .total
+                .checked_add(align - DEFAULT_ALIGNMENT)
+                .ok_or(Error::SizeOverflow {
+                    bytes: region.total,
+                    align,
+                })?;
+        let raw = self
             .resource
-            .allocate(self.stream.as_ref(), region.total, DEFAULT_ALIGNMENT)?;
+            .allocate(self.stream.as_ref(), raw_len, DEFAULT_ALIGNMENT)?;
+        let offset = (raw.as_ptr() as usize).next_multiple_of(align) - raw.as_ptr() as usize;
+        // The resource honoured DEFAULT_ALIGNMENT, so offset <= align - DEFAULT_ALIGNMENT and
+        // the region fits in the block.
+        let ptr = NonNull::new(raw.as_ptr().wrapping_add(offset)).unwrap_or(raw);
         let mut seg = Segment {
             ptr,
+            raw,
+            raw_len,
             layout: region,
             handle,
         };
@@ -219,7 +240,7 @@ impl DeviceHeap {
             // SAFETY: allocated just above with these arguments, never published.
             let _ = unsafe {
                 self.resource
-                    .deallocate(self.stream.as_ref(), ptr, region.total, DEFAULT_ALIGNMENT)
+                    .deallocate(self.stream.as_ref(), raw, raw_len, DEFAULT_ALIGNMENT)
             };
             return Err(e);
         }
@@ -284,8 +305,8 @@ impl Drop for DeviceHeap {
             let _ = unsafe {
                 self.resource.deallocate(
                     self.stream.as_ref(),
-                    seg.ptr,
-                    seg.layout.total,
+                    seg.raw,
+                    seg.raw_len,
                     DEFAULT_ALIGNMENT,
                 )
             };
@@ -304,6 +325,14 @@ fn check_block_size(block_size: u64) -> Result<()> {
 }
 
 /// Block alignment: the block size when it is a power of two (up to 4 KiB), else 16.
+/// The alignment a heap's base needs: its blocks' alignment, and at least [`DEFAULT_ALIGNMENT`].
+fn region_align(kind: HeapKind) -> usize {
+    match kind {
+        HeapKind::Slab { block_size } => (block_align(block_size) as usize).max(DEFAULT_ALIGNMENT),
+        HeapKind::Bump => DEFAULT_ALIGNMENT,
+    }
+}
+
 fn block_align(block_size: u64) -> u64 {
     if block_size.is_power_of_two() {
         block_size.min(layout::MAX_BLOCK_ALIGN)
