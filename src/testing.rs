@@ -33,6 +33,26 @@ pub fn test_name() -> String {
         .to_owned()
 }
 
+/// The `carve` CLI for integration tests: where cargo built it (`built_at`, the caller's
+/// `env!("CARGO_BIN_EXE_carve")`), else beside the running test binary, which is where
+/// `gpu-stage` puts both on a machine without the build tree. `None` (after saying so) if neither.
+pub fn cli_binary(built_at: &str) -> Option<std::path::PathBuf> {
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join("carve")));
+    let found = std::iter::once(std::path::PathBuf::from(built_at))
+        .chain(beside)
+        .find(|p| p.is_file());
+    if found.is_none() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED {}: the carve binary is neither at {built_at} nor beside this test",
+            test_name()
+        );
+    }
+    found
+}
+
 /// Returns from the enclosing test when there is no GPU (see [`gpu_or_skip`]).
 #[macro_export]
 macro_rules! require_gpu {

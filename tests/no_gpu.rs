@@ -36,19 +36,8 @@ fn embedded_ptx_holds_the_kernels() {
     assert!(carve::driver::kernel_names().any(|k| k == "carve_smoke_fill"));
 }
 
-/// The CLI binary as cargo built it; absent when the test binary was carried to another machine.
-fn carve_bin() -> Option<&'static str> {
-    let path = env!("CARGO_BIN_EXE_carve");
-    if std::path::Path::new(path).exists() {
-        Some(path)
-    } else {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED: {path} not present on this machine"
-        );
-        None
-    }
+fn carve_bin() -> Option<std::path::PathBuf> {
+    carve::testing::cli_binary(env!("CARGO_BIN_EXE_carve"))
 }
 
 #[test]
