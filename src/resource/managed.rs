@@ -7,13 +7,13 @@ pub(crate) use ops::prefetch_raw;
 pub use ops::{Advice, ManagedRange, RangeAttributes};
 
 use std::fmt;
-use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
 use bytemuck::Pod;
 use cudarc::driver::sys;
 
+use super::host_buffer::HostBuffer;
 use super::ledger::Ledger;
 use super::location::Location;
 use super::{check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
@@ -155,92 +155,18 @@ impl fmt::Debug for ManagedMemoryResource {
 }
 
 /// An owned array of `T` in managed memory, readable and writable from the host as a slice and
-/// from kernels through [`device_ptr`](Self::device_ptr).
-///
-/// Host views must not overlap device work on the same memory: synchronise the streams whose
-/// kernels touch it before borrowing a slice (kernel launches are `unsafe` and promise that).
-pub struct ManagedBuffer<T: Pod> {
-    ptr: Option<NonNull<u8>>,
-    len: usize,
-    resource: ManagedMemoryResource,
-    _marker: PhantomData<T>,
-}
+/// from kernels through [`device_ptr`](HostBuffer::device_ptr).
+pub type ManagedBuffer<T> = HostBuffer<T, ManagedMemoryResource>;
 
-// SAFETY: the buffer uniquely owns its block; `T: Pod` is plain data.
-unsafe impl<T: Pod> Send for ManagedBuffer<T> {}
-// SAFETY: `&self` gives shared reads only.
-unsafe impl<T: Pod> Sync for ManagedBuffer<T> {}
-
-impl<T: Pod> ManagedBuffer<T> {
-    /// `len` zeroed elements (zeroed by the host, so the pages start on the CPU).
-    pub fn zeroed(resource: &ManagedMemoryResource, len: usize) -> Result<Self> {
-        let bytes = len.checked_mul(size_of::<T>()).ok_or(Error::SizeOverflow {
-            bytes: usize::MAX,
-            align: align_of::<T>(),
-        })?;
-        let align = align_of::<T>().max(DEFAULT_ALIGNMENT);
-        let ptr = match bytes {
-            0 => None,
-            _ => {
-                let p = resource.allocate(StreamRef::DEFAULT, bytes, align)?;
-                // SAFETY: `bytes` host-accessible bytes were just allocated and nothing else
-                // uses them yet.
-                unsafe { p.as_ptr().write_bytes(0, bytes) };
-                Some(p)
-            }
-        };
-        Ok(ManagedBuffer {
-            ptr,
-            len,
-            resource: resource.clone(),
-            _marker: PhantomData,
-        })
-    }
-
-    /// A copy of `data` in managed memory.
-    pub fn from_slice(resource: &ManagedMemoryResource, data: &[T]) -> Result<Self> {
-        let mut b = Self::zeroed(resource, data.len())?;
-        b.as_mut_slice().copy_from_slice(data);
-        Ok(b)
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
+impl<T: Pod> HostBuffer<T, ManagedMemoryResource> {
     /// The address kernels use (the same as the host's; 0 when empty).
     pub fn device_ptr(&self) -> u64 {
-        self.ptr.map_or(0, |p| p.as_ptr() as u64)
-    }
-
-    /// The host view.
-    pub fn as_slice(&self) -> &[T] {
-        match self.ptr {
-            // SAFETY: `len` initialised `T`s (zeroed at creation; Pod admits any bytes), aligned
-            // to at least `align_of::<T>()`, owned by `self`.
-            Some(p) => unsafe { std::slice::from_raw_parts(p.as_ptr().cast::<T>(), self.len) },
-            None => &[],
-        }
-    }
-
-    /// The mutable host view.
-    pub fn as_mut_slice(&mut self) -> &mut [T] {
-        match self.ptr {
-            // SAFETY: as for `as_slice`, and `&mut self` makes the borrow unique.
-            Some(p) => unsafe { std::slice::from_raw_parts_mut(p.as_ptr().cast::<T>(), self.len) },
-            None => &mut [],
-        }
+        self.host_ptr().map_or(0, |p| p.as_ptr() as u64)
     }
 
     /// The whole buffer as a managed range ([`Error::ZeroSize`] when empty).
     pub fn range(&self) -> Result<ManagedRange> {
-        ManagedRange::new(self.device_ptr(), self.len * size_of::<T>())
+        ManagedRange::new(self.device_ptr(), self.len() * size_of::<T>())
     }
 
     /// Prefetches the whole buffer to `location` on `stream`.
@@ -256,38 +182,5 @@ impl<T: Pod> ManagedBuffer<T> {
     /// The whole buffer's range attributes.
     pub fn attributes(&self) -> Result<RangeAttributes> {
         self.range()?.attributes()
-    }
-
-    /// Frees now, reporting what dropping would have to swallow.
-    pub fn free(mut self) -> Result<()> {
-        self.release()
-    }
-
-    fn release(&mut self) -> Result<()> {
-        let Some(p) = self.ptr.take() else {
-            return Ok(());
-        };
-        let align = align_of::<T>().max(DEFAULT_ALIGNMENT);
-        // SAFETY: allocated by this resource with this size and alignment; `take` frees it once.
-        unsafe {
-            self.resource
-                .deallocate_sync(p, self.len * size_of::<T>(), align)
-        }
-    }
-}
-
-impl<T: Pod> Drop for ManagedBuffer<T> {
-    fn drop(&mut self) {
-        // Drop cannot report: callers who care use `free`.
-        let _ = self.release();
-    }
-}
-
-impl<T: Pod> fmt::Debug for ManagedBuffer<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ManagedBuffer")
-            .field("ptr", &format_args!("{:#x}", self.device_ptr()))
-            .field("len", &self.len)
-            .finish()
     }
 }

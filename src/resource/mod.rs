@@ -10,6 +10,7 @@ mod binning;
 mod cuda;
 mod fixed_size;
 mod host;
+mod host_buffer;
 mod pool;
 mod simulated;
 mod stream_order;
@@ -25,6 +26,7 @@ pub use async_pool::{AsyncMemoryResource, AsyncPoolOptions, AsyncPoolStats, Pool
 pub use cuda::CudaMemoryResource;
 pub use fixed_size::{FixedSizeMemoryResource, FixedSizeOptions, FixedSizeStats};
 pub use host::HostMemoryResource;
+pub use host_buffer::HostBuffer;
 pub use location::{check_ordinal, Location};
 pub(crate) use managed::prefetch_raw;
 pub use managed::{Advice, ManagedBuffer, ManagedMemoryResource, ManagedRange, RangeAttributes};

@@ -10,13 +10,13 @@ pub use register::HostRegistration;
 
 use std::ffi::c_void;
 use std::fmt;
-use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
 use bytemuck::Pod;
 use cudarc::driver::sys;
 
+use super::host_buffer::HostBuffer;
 use super::ledger::Ledger;
 use super::{check_request, MemoryResource, Properties};
 use crate::driver::Device;
@@ -188,127 +188,20 @@ impl fmt::Debug for PinnedHostMemoryResource {
     }
 }
 
-/// An owned array of `T` in pinned host memory, with safe host views.
-///
-/// Device work that touches it (through [`device_ptr`](Self::device_ptr), or copies) must be
-/// finished before a host view is borrowed; kernel launches are `unsafe` and promise that.
-pub struct PinnedBuffer<T: Pod> {
-    ptr: Option<NonNull<u8>>,
-    len: usize,
-    resource: PinnedHostMemoryResource,
-    _marker: PhantomData<T>,
-}
+/// An owned array of `T` in pinned host memory, with safe host views and, when device-mapped, a
+/// device pointer.
+pub type PinnedBuffer<T> = HostBuffer<T, PinnedHostMemoryResource>;
 
-// SAFETY: the buffer uniquely owns its block; `T: Pod` is plain data.
-unsafe impl<T: Pod> Send for PinnedBuffer<T> {}
-// SAFETY: `&self` gives shared reads only.
-unsafe impl<T: Pod> Sync for PinnedBuffer<T> {}
-
-impl<T: Pod> PinnedBuffer<T> {
-    /// `len` zeroed elements.
-    pub fn zeroed(resource: &PinnedHostMemoryResource, len: usize) -> Result<Self> {
-        let bytes = len.checked_mul(size_of::<T>()).ok_or(Error::SizeOverflow {
-            bytes: usize::MAX,
-            align: align_of::<T>(),
-        })?;
-        let ptr = match bytes {
-            0 => None,
-            _ => {
-                let p = resource.allocate(StreamRef::DEFAULT, bytes, Self::align())?;
-                // SAFETY: `bytes` host bytes were just allocated; nothing else uses them.
-                unsafe { p.as_ptr().write_bytes(0, bytes) };
-                Some(p)
-            }
-        };
-        Ok(PinnedBuffer {
-            ptr,
-            len,
-            resource: resource.clone(),
-            _marker: PhantomData,
-        })
-    }
-
-    /// A pinned copy of `data`.
-    pub fn from_slice(resource: &PinnedHostMemoryResource, data: &[T]) -> Result<Self> {
-        let mut b = Self::zeroed(resource, data.len())?;
-        b.as_mut_slice().copy_from_slice(data);
-        Ok(b)
-    }
-
-    fn align() -> usize {
-        align_of::<T>().min(PINNED_ALIGNMENT)
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
+impl<T: Pod> HostBuffer<T, PinnedHostMemoryResource> {
     /// The flags it was allocated with.
     pub fn flags(&self) -> PinnedFlags {
-        self.resource.flags()
-    }
-
-    /// The host view.
-    pub fn as_slice(&self) -> &[T] {
-        match self.ptr {
-            // SAFETY: `len` initialised (zeroed at creation) `T`s, page-aligned, owned by self.
-            Some(p) => unsafe { std::slice::from_raw_parts(p.as_ptr().cast::<T>(), self.len) },
-            None => &[],
-        }
-    }
-
-    /// The mutable host view.
-    pub fn as_mut_slice(&mut self) -> &mut [T] {
-        match self.ptr {
-            // SAFETY: as for `as_slice`; `&mut self` makes the borrow unique.
-            Some(p) => unsafe { std::slice::from_raw_parts_mut(p.as_ptr().cast::<T>(), self.len) },
-            None => &mut [],
-        }
+        self.resource().flags()
     }
 
     /// The address kernels use to reach this memory without a copy; [`Error::Unsupported`]
     /// unless device-mapped, [`Error::ZeroSize`] when empty.
     pub fn device_ptr(&self) -> Result<u64> {
-        let p = self.ptr.ok_or(Error::ZeroSize)?;
-        self.resource.device_pointer(p)
-    }
-
-    /// Frees now, reporting what dropping would have to swallow.
-    pub fn free(mut self) -> Result<()> {
-        self.release()
-    }
-
-    fn release(&mut self) -> Result<()> {
-        let Some(p) = self.ptr.take() else {
-            return Ok(());
-        };
-        // SAFETY: allocated by this resource with this size and alignment; `take` frees it once.
-        unsafe {
-            self.resource
-                .deallocate_sync(p, self.len * size_of::<T>(), Self::align())
-        }
-    }
-}
-
-impl<T: Pod> Drop for PinnedBuffer<T> {
-    fn drop(&mut self) {
-        // Drop cannot report: callers who care use `free`.
-        let _ = self.release();
-    }
-}
-
-impl<T: Pod> fmt::Debug for PinnedBuffer<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PinnedBuffer")
-            .field("ptr", &self.ptr)
-            .field("len", &self.len)
-            .field("flags", &self.flags())
-            .finish()
+        let p = self.host_ptr().ok_or(Error::ZeroSize)?;
+        self.resource().device_pointer(p)
     }
 }

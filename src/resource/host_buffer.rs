@@ -1,0 +1,183 @@
+//! An owned array of `T: Pod` in host-accessible memory (managed, pinned or plain host), with
+//! safe host views. [`ManagedBuffer`](super::ManagedBuffer) and
+//! [`PinnedBuffer`](super::PinnedBuffer) are this type over their resources, plus what each kind
+//! of memory adds (prefetch and advice; the mapped device pointer).
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+use bytemuck::Pod;
+
+use super::MemoryResource;
+use crate::error::{Error, Result};
+use crate::stream::StreamRef;
+
+/// `len` elements of `T` that the host may read and write through [`as_slice`](Self::as_slice).
+///
+/// Host views must not overlap device work on the same memory: synchronise the streams whose
+/// kernels or copies touch it before borrowing a slice (kernel launches are `unsafe` and promise
+/// that). Dropping it frees through its resource.
+pub struct HostBuffer<T: Pod, R: MemoryResource> {
+    ptr: Option<NonNull<u8>>,
+    len: usize,
+    resource: R,
+    _marker: PhantomData<T>,
+}
+
+// SAFETY: the buffer uniquely owns its block; `T: Pod` is plain data; R is Send.
+unsafe impl<T: Pod, R: MemoryResource> Send for HostBuffer<T, R> {}
+// SAFETY: `&self` gives shared reads only; R is Sync.
+unsafe impl<T: Pod, R: MemoryResource> Sync for HostBuffer<T, R> {}
+
+impl<T: Pod, R: MemoryResource + Clone> HostBuffer<T, R> {
+    /// `len` zeroed elements (zeroed by the host, so managed pages start on the CPU).
+    ///
+    /// [`Error::InvalidArgument`] if `resource` does not give host-accessible memory.
+    pub fn zeroed(resource: &R, len: usize) -> Result<Self> {
+        if !resource.properties().host_accessible {
+            return Err(Error::InvalidArgument(format!(
+                "{resource:?} does not give host-accessible memory"
+            )));
+        }
+        let bytes = len.checked_mul(size_of::<T>()).ok_or(Error::SizeOverflow {
+            bytes: usize::MAX,
+            align: align_of::<T>(),
+        })?;
+        let ptr = match bytes {
+            0 => None,
+            _ => {
+                let p = resource.allocate(StreamRef::DEFAULT, bytes, align_of::<T>())?;
+                // SAFETY: `bytes` host-accessible bytes were just allocated; nothing else uses
+                // them yet.
+                unsafe { p.as_ptr().write_bytes(0, bytes) };
+                Some(p)
+            }
+        };
+        Ok(HostBuffer {
+            ptr,
+            len,
+            resource: resource.clone(),
+            _marker: PhantomData,
+        })
+    }
+
+    /// A copy of `data`.
+    pub fn from_slice(resource: &R, data: &[T]) -> Result<Self> {
+        let mut b = Self::zeroed(resource, data.len())?;
+        b.as_mut_slice().copy_from_slice(data);
+        Ok(b)
+    }
+}
+
+impl<T: Pod, R: MemoryResource> HostBuffer<T, R> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The resource it frees through.
+    pub fn resource(&self) -> &R {
+        &self.resource
+    }
+
+    /// The host address of element 0 (`None` when empty).
+    pub fn host_ptr(&self) -> Option<NonNull<u8>> {
+        self.ptr
+    }
+
+    /// The host view.
+    pub fn as_slice(&self) -> &[T] {
+        match self.ptr {
+            // SAFETY: `len` initialised `T`s (zeroed at creation; Pod admits any bytes), aligned
+            // to `align_of::<T>()`, host-accessible (checked at creation), owned by `self`.
+            Some(p) => unsafe { std::slice::from_raw_parts(p.as_ptr().cast::<T>(), self.len) },
+            None => &[],
+        }
+    }
+
+    /// The mutable host view.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        match self.ptr {
+            // SAFETY: as for `as_slice`, and `&mut self` makes the borrow unique.
+            Some(p) => unsafe { std::slice::from_raw_parts_mut(p.as_ptr().cast::<T>(), self.len) },
+            None => &mut [],
+        }
+    }
+
+    /// Frees now, reporting what dropping would have to swallow.
+    pub fn free(mut self) -> Result<()> {
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<()> {
+        let Some(p) = self.ptr.take() else {
+            return Ok(());
+        };
+        // SAFETY: allocated by this resource with this size and alignment; `take` frees it once.
+        unsafe {
+            self.resource
+                .deallocate_sync(p, self.len * size_of::<T>(), align_of::<T>())
+        }
+    }
+}
+
+impl<T: Pod, R: MemoryResource> Drop for HostBuffer<T, R> {
+    fn drop(&mut self) {
+        // Drop cannot report: callers who care use `free`.
+        let _ = self.release();
+    }
+}
+
+impl<T: Pod, R: MemoryResource> fmt::Debug for HostBuffer<T, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostBuffer")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("resource", &self.resource)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::{CudaMemoryResource, HostMemoryResource};
+
+    #[test]
+    fn views_round_trip_and_free_through_the_resource() {
+        let mr = HostMemoryResource::new();
+        let mut b = HostBuffer::<u64, _>::from_slice(&mr, &[1, 2, 3]).unwrap();
+        assert_eq!(b.as_slice(), &[1, 2, 3]);
+        b.as_mut_slice()[1] = 7;
+        assert_eq!(b.as_slice(), &[1, 7, 3]);
+        assert_eq!(mr.allocated_bytes(), 24);
+        b.free().unwrap();
+        assert_eq!(mr.allocation_count(), 0);
+
+        let empty = HostBuffer::<u32, _>::zeroed(&mr, 0).unwrap();
+        assert!(empty.is_empty() && empty.as_slice().is_empty());
+        assert_eq!(mr.allocation_count(), 0);
+        assert!(matches!(
+            HostBuffer::<u64, _>::zeroed(&mr, usize::MAX / 4),
+            Err(Error::SizeOverflow { .. })
+        ));
+    }
+
+    #[test]
+    fn device_only_memory_is_refused() {
+        // Without a driver there is no device to build a cuda resource on: nothing to check.
+        let Ok(cuda) = CudaMemoryResource::on(0) else {
+            return;
+        };
+        assert!(matches!(
+            HostBuffer::<u8, _>::zeroed(&cuda, 16),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+}
