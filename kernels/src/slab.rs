@@ -9,9 +9,9 @@
 //!    two, in flight together: [`Slab::claim_run`]) and shuffles to the lanes which ones it won;
 //!    lane `r` gets block `hint + r`.
 //!
-//! Warps start at a hint (on the GPU, warps are dealt round-robin over the shards and spread
-//! evenly inside each, so the warps running at one time touch different shard counts and
-//! different words), so on a fresh heap step 2 always wins. Lanes that lose
+//! Warps start at a hint ([`warp_hint`] on the GPU: neighbour warps land far apart, on
+//! different shard counts and words, in disjoint word-aligned runs of 32 when the grid fits),
+//! so on a fresh heap step 2 always wins. Lanes that lose
 //! (a bit already set, or a short reservation) take the slow path ([`Slab::alloc_slow`]): the
 //! leader claims the rest of the reservation word by word with one `fetch_or` per word, then
 //! scans the shard counts, one per lane, for other shards; a warp that finds none returns null
