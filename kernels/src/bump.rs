@@ -106,7 +106,7 @@ impl<'a> Bump<'a> {
     /// returns the arena offset, or `None` when neither a chunk nor the arena's tail has room.
     ///
     /// Inline: the one `fetch_add` that lands inside the slot's chunk. Out of line: the rest of
-    /// the protocol ([`Bump::reserve_in_slot_slow`]).
+    /// the protocol (`reserve_in_slot_slow`).
     #[inline(always)]
     pub fn reserve_in_slot(&self, s: u32, bytes: u64) -> Option<u64> {
         let old = slot_add(self.slot(s), bytes);
@@ -165,7 +165,7 @@ impl<'a> Bump<'a> {
     ///
     /// The common case, every lane asking the same valid size and alignment, is found with one
     /// `match.all` and served straight-line: one reservation for the warp, one shuffle of its
-    /// base. Mixed requests go out of line ([`Bump::alloc_mixed`]).
+    /// base. Mixed requests go out of line (`alloc_mixed`).
     #[inline(always)]
     pub fn alloc<W: Warp>(
         &self,
