@@ -11,6 +11,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "kernels/build/registers.rs"]
+mod registers;
+
 const TARGET: &str = "nvptx64-nvidia-cuda";
 const FIX: &str =
     "rustup toolchain install nightly && rustup component add rust-src --toolchain nightly";
@@ -91,6 +94,7 @@ fn main() {
     if !text.contains(".visible .entry") {
         fail(&format!("{} holds no kernel entry point", ptx.display()));
     }
+    let text = registers::cap_heap_kernels(&text);
     fs::write(&dest, text).unwrap_or_else(|e| fail(&format!("writing {}: {e}", dest.display())));
 }
 

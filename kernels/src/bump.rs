@@ -31,7 +31,10 @@ fn round_up(v: u64, align: u64) -> u64 {
 /// A view of one formatted bump segment.
 #[derive(Clone, Copy, Debug)]
 pub struct Bump<'a> {
+    /// The fields the fast path reads (on the GPU, a copy in registers).
     h: &'a HeapHandle,
+    /// The handle in the region, for the out-of-line paths (see [`crate::slab::Slab`]).
+    home: &'a HeapHandle,
 }
 
 impl<'a> Bump<'a> {
@@ -42,7 +45,25 @@ impl<'a> Bump<'a> {
     /// valid, and are accessed only atomically by others, for `'a`.
     #[inline(always)]
     pub unsafe fn new(h: &'a HeapHandle) -> Self {
-        Bump { h }
+        Bump { h, home: h }
+    }
+
+    /// Views a bump segment through `copy`, a copy of the handle at `home` (equal to it).
+    ///
+    /// # Safety
+    /// As for [`Bump::new`], for `home`.
+    #[inline(always)]
+    pub unsafe fn with_copy(copy: &'a HeapHandle, home: &'a HeapHandle) -> Self {
+        debug_assert!(copy == home);
+        Bump { h: copy, home }
+    }
+
+    #[inline(always)]
+    fn at_home(&self) -> Self {
+        Bump {
+            h: self.home,
+            home: self.home,
+        }
     }
 
     #[inline(always)]
@@ -83,12 +104,29 @@ impl<'a> Bump<'a> {
 
     /// Reserves `bytes` (a multiple of [`GRANULE`], at most a quarter chunk) from slot `s`;
     /// returns the arena offset, or `None` when neither a chunk nor the arena's tail has room.
+    ///
+    /// Inline: the one `fetch_add` that lands inside the slot's chunk. Out of line: the rest of
+    /// the protocol (`reserve_in_slot_slow`).
     #[inline(always)]
     pub fn reserve_in_slot(&self, s: u32, bytes: u64) -> Option<u64> {
+        let old = slot_add(self.slot(s), bytes);
+        let tag = (old >> 32) as u32;
+        let used = old & 0xFFFF_FFFF;
+        if tag != CHUNK_NONE && tag != CHUNK_EXHAUSTED && used + bytes <= self.chunk() {
+            return Some(((tag as u64 - 1) * GRANULE) + used);
+        }
+        self.at_home().reserve_in_slot_slow(s, bytes, old)
+    }
+
+    /// [`Bump::reserve_in_slot`] after a `fetch_add` that returned `old` and did not fit: install
+    /// a chunk, wait for another warp to, or fall back to the arena's tail.
+    #[cold]
+    #[inline(never)]
+    fn reserve_in_slot_slow(&self, s: u32, bytes: u64, old: u64) -> Option<u64> {
         let slot = self.slot(s);
         let chunk = self.chunk();
+        let mut old = old;
         loop {
-            let old = slot.fetch_add(bytes, Ordering::Acquire);
             let tag = (old >> 32) as u32;
             let used = old & 0xFFFF_FFFF;
             if tag == CHUNK_EXHAUSTED {
@@ -118,11 +156,16 @@ impl<'a> Bump<'a> {
             while (slot.load(Ordering::Acquire) >> 32) as u32 == tag {
                 spin_loop();
             }
+            old = slot.fetch_add(bytes, Ordering::Acquire);
         }
     }
 
     /// Allocates `bytes` aligned to `align` for each calling lane; null when exhausted, for a
     /// zero size, or an alignment that is not a power of two (or exceeds a quarter chunk).
+    ///
+    /// The common case, every lane asking the same valid size and alignment, is found with one
+    /// `match.all` and served straight-line: one reservation for the warp, one shuffle of its
+    /// base. Mixed requests go out of line (`alloc_mixed`).
     #[inline(always)]
     pub fn alloc<W: Warp>(
         &self,
@@ -131,61 +174,124 @@ impl<'a> Bump<'a> {
         align: u64,
         count_failures: bool,
     ) -> *mut u8 {
+        self.alloc_counting(warp, bytes, align, Some(count_failures))
+    }
+
+    /// [`Bump::alloc`] that counts failures when this is the last segment of its chain (read
+    /// only on a failure, so the fast path never loads `next`).
+    #[inline(always)]
+    pub fn alloc_in_chain<W: Warp>(&self, warp: &W, bytes: u64, align: u64) -> *mut u8 {
+        self.alloc_counting(warp, bytes, align, None)
+    }
+
+    #[inline(always)]
+    fn alloc_counting<W: Warp>(
+        &self,
+        warp: &W,
+        bytes: u64,
+        align: u64,
+        count: Option<bool>,
+    ) -> *mut u8 {
+        let active = warp.active();
         let align = align.max(GRANULE);
-        let ok = bytes != 0
+        let ok = self.valid(bytes, align) && bytes < 1 << 58;
+        let key = if ok {
+            bytes | ((align.trailing_zeros() as u64) << 58)
+        } else {
+            u64::MAX
+        };
+        // Every lane votes before any leaves (the collective needs all of `active`).
+        let uniform = warp.match_all(active, key);
+        if uniform && key != u64::MAX {
+            let size = round_up(bytes, align);
+            let total = active.count_ones() as u64 * size;
+            let base = self.reserve_warp(warp, active, align, total, count);
+            if base == u64::MAX {
+                return core::ptr::null_mut();
+            }
+            // The offset is computed only now, so it is not held across the reservation.
+            return (base + rank_in(active, warp.lane()) as u64 * size) as *mut u8;
+        }
+        self.at_home().alloc_mixed(warp, bytes, align, count)
+    }
+
+    #[inline(always)]
+    fn valid(&self, bytes: u64, align: u64) -> bool {
+        bytes != 0
             && align.is_power_of_two()
             && align <= 4096
             && bytes <= self.h.capacity
-            && self.h.capacity - bytes >= align;
+            && self.h.capacity - bytes >= align
+    }
+
+    /// [`Bump::alloc`] when the lanes' requests differ or some are invalid: invalid lanes get
+    /// null, the others one reservation sized by a prefix sum over the warp.
+    #[cold]
+    #[inline(never)]
+    fn alloc_mixed<W: Warp>(
+        &self,
+        warp: &W,
+        bytes: u64,
+        align: u64,
+        count: Option<bool>,
+    ) -> *mut u8 {
+        let ok = self.valid(bytes, align);
         let entered = warp.active();
         let mask = warp.ballot(entered, ok);
         if !ok {
-            if bytes != 0 && count_failures {
+            if bytes != 0 && count.unwrap_or(self.h.next == 0) {
                 self.count_failure(warp.slot_hint(), 1);
             }
             return core::ptr::null_mut();
         }
         let lane = warp.lane();
-        let leader = mask.trailing_zeros();
-        let rank = rank_in(mask, lane);
-        // The common case, every lane asking the same: the leader's size and alignment are the
-        // warp's, checked with one 64-bit shuffle of both and a vote instead of a reduction.
-        let key = bytes | ((align.trailing_zeros() as u64) << 58);
-        let lead = warp.shfl64(mask, key, leader);
-        let uniform = warp.ballot(mask, key == lead && bytes < 1 << 58) == mask;
-        let (warp_align, prefix, total) = if uniform {
-            let size = round_up(bytes, align);
-            (align, rank as u64 * size, mask.count_ones() as u64 * size)
-        } else {
-            // Alignments are powers of two, so their OR's top bit is the largest.
-            let any = warp.or_reduce(mask, align);
-            let warp_align = 1u64 << (63 - any.leading_zeros());
-            let size = round_up(bytes, warp_align);
-            let mut prefix = 0;
-            let mut total = 0;
-            let mut rest = mask;
-            while rest != 0 {
-                let src = rest.trailing_zeros();
-                rest &= rest - 1;
-                let s = warp.shfl64(mask, size, src);
-                if src < lane {
-                    prefix += s;
-                }
-                total += s;
+        // Alignments are powers of two, so their OR's top bit is the largest.
+        let any = warp.or_reduce(mask, align);
+        let warp_align = 1u64 << (63 - any.leading_zeros());
+        let size = round_up(bytes, warp_align);
+        let mut prefix = 0;
+        let mut total = 0;
+        let mut rest = mask;
+        while rest != 0 {
+            let src = rest.trailing_zeros();
+            rest &= rest - 1;
+            let s = warp.shfl64(mask, size, src);
+            if src < lane {
+                prefix += s;
             }
-            (warp_align, prefix, total)
-        };
+            total += s;
+        }
+        let base = self.reserve_warp(warp, mask, warp_align, total, count);
+        if base == u64::MAX {
+            core::ptr::null_mut()
+        } else {
+            (base + prefix) as *mut u8
+        }
+    }
+
+    /// One reservation of `total` bytes aligned to `warp_align` for the lanes of `mask`, by its
+    /// lowest lane: its address, the same for every lane, or `u64::MAX` when it failed.
+    #[inline(always)]
+    fn reserve_warp<W: Warp>(
+        &self,
+        warp: &W,
+        mask: u32,
+        warp_align: u64,
+        total: u64,
+        count: Option<bool>,
+    ) -> u64 {
+        let leader = mask.trailing_zeros();
         // Room to align the warp's start to `warp_align` whatever granule it lands on.
         let request = total + warp_align - GRANULE;
         let mut base = u64::MAX;
-        if lane == leader {
+        if warp.lane() == leader {
             let chunked = self.h.nwords > 0 && request <= self.chunk() / 4;
             let got = if chunked {
                 let s = warp.slot_hint();
                 let s = if s < self.h.nwords {
                     s
                 } else {
-                    s % self.h.nwords
+                    wrap_slot(s, self.h.nwords)
                 };
                 self.reserve_in_slot(s, request)
             } else {
@@ -193,15 +299,20 @@ impl<'a> Bump<'a> {
             };
             if let Some(off) = got {
                 base = round_up(self.h.data + off, warp_align);
-            } else if count_failures {
-                self.count_failure(warp.slot_hint(), mask.count_ones() as u64);
+            } else {
+                self.at_home()
+                    .warp_failed(warp.slot_hint(), mask.count_ones(), count);
             }
         }
-        let base = warp.shfl64(mask, base, leader);
-        if base == u64::MAX {
-            core::ptr::null_mut()
-        } else {
-            (base + prefix) as *mut u8
+        warp.shfl64(mask, base, leader)
+    }
+
+    /// Counts `n` failed requests if `count` says so (`None`: if this is the chain's last segment).
+    #[cold]
+    #[inline(never)]
+    fn warp_failed(&self, slot: u32, n: u32, count: Option<bool>) {
+        if count.unwrap_or(self.h.next == 0) {
+            self.count_failure(slot, n as u64);
         }
     }
 
@@ -212,6 +323,24 @@ impl<'a> Bump<'a> {
         let c = unsafe { &*(self.h.counters as *const AtomicU64).add(i) };
         c.fetch_add(n, Ordering::Relaxed);
     }
+}
+
+/// `slot.fetch_add(v)`. Acquire on the host, where the loom models check the chunk protocol with
+/// it; relaxed on the GPU, as `core`'s atomics are there: no block changes hands through a slot
+/// (chunks are never reused within a launch).
+#[inline(always)]
+fn slot_add(slot: &AtomicU64, v: u64) -> u64 {
+    #[cfg(target_arch = "nvptx64")]
+    return crate::nvptx::fetch_add_global(slot, v);
+    #[cfg(not(target_arch = "nvptx64"))]
+    return slot.fetch_add(v, Ordering::Acquire);
+}
+
+/// `s % n`, out of line (more SMs than slots is rare).
+#[cold]
+#[inline(never)]
+fn wrap_slot(s: u32, n: u32) -> u32 {
+    s % n
 }
 
 /// Allocates from the chain of bump segments starting at `h`.

@@ -3,12 +3,20 @@
 //! tests and benchmarks launch. All of them are thin wrappers over [`crate::slab`] and
 //! [`crate::bump`] with [`NvptxWarp`].
 
+use crate::bump;
+use crate::bump::Bump;
 use crate::heap_layout::{HeapHandle, HEAP_MAGIC, KIND_BUMP, KIND_SLAB};
-use crate::nvptx::{self, NvptxWarp, RelaxedWarp};
+use crate::nvptx::{self, FullWarp, NvptxWarp, RelaxedWarp};
+use crate::slab::{self, Slab};
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use crate::{bump, slab};
+use crate::warp::Warp;
 
-/// The handle at `heap` if it is a formatted heap of `kind`.
+/// The first 8 bytes of a formatted handle of `kind` (`magic`, then `kind`).
+const fn tag(kind: u32) -> u64 {
+    HEAP_MAGIC as u64 | (kind as u64) << 32
+}
+
+/// The handle at `heap` if it is a formatted heap of `kind` (for the generic paths).
 #[inline(always)]
 unsafe fn handle<'a>(heap: *const HeapHandle, kind: u32) -> Option<&'a HeapHandle> {
     if heap.is_null() {
@@ -18,45 +26,69 @@ unsafe fn handle<'a>(heap: *const HeapHandle, kind: u32) -> Option<&'a HeapHandl
     let h = unsafe { &*heap };
     // One 8-byte load for both fields (the handle is 8-byte aligned; `magic` comes first).
     // SAFETY: as above.
-    let tag = unsafe { (heap as *const u64).read() };
-    (tag == HEAP_MAGIC as u64 | (kind as u64) << 32).then_some(h)
+    let t = unsafe { (heap as *const u64).read() };
+    (t == tag(kind)).then_some(h)
 }
 
-/// This warp's preferred block, the same for every lane. Warps are dealt round-robin over the
-/// shards (`warp % nshards`), and the warps of one shard are spread evenly over its bits: the
-/// warps that run at one time (neighbours in the grid) touch different shard counts, so no
-/// count's cache line is hot, and on a fresh heap whose blocks outnumber the grid's threads
-/// each warp's run of bits is clear.
+/// This warp's preferred block in `h`, the same for every lane: see [`slab::warp_hint`].
 #[inline(always)]
 fn slab_hint(h: &HeapHandle) -> u64 {
-    let (warp, warps) = nvptx::warp_in_grid();
-    // Whole shards only: a short last shard would get as many warps as the others.
-    let shards = ((h.capacity >> 6) >> h.shard_words_log2).clamp(1, h.nshards.max(1) as u64) as u32;
-    if warps > u32::MAX as u64 {
-        return (warp as f64 * (h.capacity as f64 / warps as f64)) as u64;
-    }
-    let (warp, warps) = (warp as u32, warps as u32);
-    let per_shard = warps.div_ceil(shards);
-    let bits = 64u64 << h.shard_words_log2;
-    let spacing = if bits <= u32::MAX as u64 {
-        (bits as u32 / per_shard) as u64
-    } else {
-        bits / per_shard as u64
-    };
-    let (s, k) = (warp % shards, warp / shards);
-    s as u64 * bits + k as u64 * spacing
+    slab::warp_hint(nvptx::warp_index(), h.capacity)
 }
 
 /// Allocates one block of the slab heap at `heap`; null when it is exhausted or not a slab.
+///
+/// A whole warp calling together (the common case) takes the straight-line path over a register
+/// copy of the handle; part of a warp, or a warp that the first segment of a chain could not
+/// serve, takes the generic one, out of line.
 ///
 /// # Safety
 /// `heap` must be null or the address of a heap region that carve formatted and keeps alive.
 #[no_mangle]
 pub unsafe extern "C" fn carve_slab_alloc(heap: *const HeapHandle) -> *mut u8 {
     // SAFETY: forwarded contract.
+    unsafe { slab_alloc_with(heap, &FullWarp, &NvptxWarp) }
+}
+
+/// [`carve_slab_alloc`] with `full` for whole warps and `any` otherwise.
+///
+/// # Safety
+/// As for [`carve_slab_alloc`]; `full` is a [`Warp`] whose `active` is all 32 lanes.
+#[inline(always)]
+unsafe fn slab_alloc_with<F: Warp, G: Warp>(heap: *const HeapHandle, full: &F, any: &G) -> *mut u8 {
+    if NvptxWarp.active() != u32::MAX {
+        // SAFETY: forwarded contract.
+        return unsafe { slab_alloc_generic(heap, any) };
+    }
+    // SAFETY: forwarded contract.
+    let Some(h) = (unsafe { nvptx::load_handle(heap, tag(KIND_SLAB)) }) else {
+        return core::ptr::null_mut();
+    };
+    // SAFETY: `h` is a copy of the formatted slab handle at `heap`.
+    let slab = unsafe { Slab::with_copy(&h, &*heap) };
+    let p = slab.alloc_in_chain(full, slab_hint(&h));
+    if p.is_null() {
+        // SAFETY: as above; read here only, so the fast path never holds it.
+        let next = unsafe { (*heap).next };
+        if next != 0 {
+            // SAFETY: `next` is the next formatted segment of the chain.
+            return unsafe { slab_alloc_generic(next as *const HeapHandle, any) };
+        }
+    }
+    p
+}
+
+/// [`carve_slab_alloc`] for any set of lanes, segment by segment.
+///
+/// # Safety
+/// As for [`carve_slab_alloc`].
+#[cold]
+#[inline(never)]
+unsafe fn slab_alloc_generic<W: Warp>(heap: *const HeapHandle, warp: &W) -> *mut u8 {
+    // SAFETY: forwarded contract.
     match unsafe { handle(heap, KIND_SLAB) } {
         // SAFETY: a formatted slab chain.
-        Some(h) => unsafe { slab::chain_alloc(h, &NvptxWarp, slab_hint(h)) },
+        Some(h) => unsafe { slab::chain_alloc(h, warp, slab_hint(h)) },
         None => core::ptr::null_mut(),
     }
 }
@@ -64,17 +96,55 @@ pub unsafe extern "C" fn carve_slab_alloc(heap: *const HeapHandle) -> *mut u8 {
 /// Returns a block to the slab heap at `heap`. Null is ignored; other pointers that are not
 /// blocks of the heap are counted as foreign frees and ignored.
 ///
+/// A whole warp freeing the run of one word of the first segment (what one allocation gave
+/// it) takes the straight-line path; anything else, the generic one, out of line.
+///
 /// # Safety
 /// As for [`carve_slab_alloc`]; the block must not be used after this call.
 #[no_mangle]
 pub unsafe extern "C" fn carve_slab_free(heap: *const HeapHandle, ptr: *mut u8) {
+    // SAFETY: forwarded contract.
+    unsafe { slab_free_with(heap, ptr, &FullWarp, &NvptxWarp) }
+}
+
+/// [`carve_slab_free`] with `full` for whole warps and `any` otherwise.
+///
+/// # Safety
+/// As for [`carve_slab_free`]; `full` as for [`slab_alloc_with`].
+#[inline(always)]
+unsafe fn slab_free_with<F: Warp, G: Warp>(
+    heap: *const HeapHandle,
+    ptr: *mut u8,
+    full: &F,
+    any: &G,
+) {
     if ptr.is_null() {
         return;
     }
+    if NvptxWarp.active() == u32::MAX {
+        // SAFETY: forwarded contract.
+        if let Some(h) = unsafe { nvptx::load_handle(heap, tag(KIND_SLAB)) } {
+            // SAFETY: `h` is a copy of the formatted slab handle at `heap`.
+            if unsafe { Slab::with_copy(&h, &*heap) }.free_run(full, ptr) {
+                return;
+            }
+        }
+    }
+    // SAFETY: forwarded contract.
+    unsafe { slab_free_generic(heap, ptr, any) }
+}
+
+/// [`carve_slab_free`] for any set of lanes and pointers.
+///
+/// # Safety
+/// As for [`carve_slab_free`].
+#[cold]
+#[inline(never)]
+unsafe fn slab_free_generic<W: Warp>(heap: *const HeapHandle, ptr: *mut u8, warp: &W) {
     // SAFETY: forwarded contract.
     if let Some(h) = unsafe { handle(heap, KIND_SLAB) } {
         // SAFETY: a formatted slab chain.
-        unsafe { slab::chain_free(h, &NvptxWarp, ptr) }
+        unsafe { slab::chain_free_each(h, warp, ptr) }
     }
 }
 
@@ -88,6 +158,34 @@ pub unsafe extern "C" fn carve_bump_alloc(
     bytes: u64,
     align: u64,
 ) -> *mut u8 {
+    if NvptxWarp.active() != u32::MAX {
+        // SAFETY: forwarded contract.
+        return unsafe { bump_alloc_generic(heap, bytes, align) };
+    }
+    // SAFETY: forwarded contract.
+    let Some(h) = (unsafe { nvptx::load_handle(heap, tag(KIND_BUMP)) }) else {
+        return core::ptr::null_mut();
+    };
+    // SAFETY: `h` is a copy of the formatted bump handle at `heap`.
+    let p = unsafe { Bump::with_copy(&h, &*heap) }.alloc_in_chain(&FullWarp, bytes, align);
+    if p.is_null() {
+        // SAFETY: as above; read here only, so the fast path never holds it.
+        let next = unsafe { (*heap).next };
+        if next != 0 {
+            // SAFETY: `next` is the next formatted segment of the chain.
+            return unsafe { bump_alloc_generic(next as *const HeapHandle, bytes, align) };
+        }
+    }
+    p
+}
+
+/// [`carve_bump_alloc`] for any set of lanes, segment by segment.
+///
+/// # Safety
+/// As for [`carve_bump_alloc`].
+#[cold]
+#[inline(never)]
+unsafe fn bump_alloc_generic(heap: *const HeapHandle, bytes: u64, align: u64) -> *mut u8 {
     // SAFETY: forwarded contract.
     match unsafe { handle(heap, KIND_BUMP) } {
         // SAFETY: a formatted bump chain.
@@ -299,13 +397,10 @@ pub unsafe extern "ptx-kernel" fn carve_bench_slab_alloc_relaxed(
 ) {
     if let Some(i) = tid(n) {
         // SAFETY: forwarded contract; i < n.
-        if let Some(h) = unsafe { handle(heap, KIND_SLAB) } {
-            // SAFETY: a formatted slab chain; i < n.
-            unsafe {
-                out.add(i)
-                    .write(slab::chain_alloc(h, &RelaxedWarp, slab_hint(h)) as u64)
-            };
-        }
+        // SAFETY: forwarded contract; i < n.
+        let p = unsafe { slab_alloc_with(heap, &RelaxedWarp::<true>, &RelaxedWarp::<false>) };
+        // SAFETY: i < n.
+        unsafe { out.add(i).write(p as u64) };
     }
 }
 
@@ -324,10 +419,7 @@ pub unsafe extern "ptx-kernel" fn carve_bench_slab_free_relaxed(
         // SAFETY: forwarded contract; i < n.
         let p = unsafe { ptrs.add(i).read() } as *mut u8;
         // SAFETY: forwarded contract.
-        if let (false, Some(h)) = (p.is_null(), unsafe { handle(heap, KIND_SLAB) }) {
-            // SAFETY: a formatted slab chain.
-            unsafe { slab::chain_free(h, &RelaxedWarp, p) }
-        }
+        unsafe { slab_free_with(heap, p, &RelaxedWarp::<true>, &RelaxedWarp::<false>) }
     }
 }
 

@@ -2,6 +2,7 @@
 
 use core::arch::nvptx;
 
+use crate::heap_layout::HeapHandle;
 use crate::sync::atomic::AtomicU64;
 use crate::warp::Warp;
 
@@ -102,10 +103,17 @@ impl Warp for NvptxWarp {
         let r: u32;
         // SAFETY: as for `shfl` (sm_70+); the predicate stays inside the asm block.
         unsafe {
-            core::arch::asm!(
-                "{{ .reg .pred p; match.all.sync.b64 {r}|p, {v}, {mask}; selp.u32 {r}, 1, 0, p; }}",
-                r = out(reg32) r, v = in(reg64) v, mask = in(reg32) mask,
-            )
+            if mask == u32::MAX {
+                core::arch::asm!(
+                    "{{ .reg .pred p; match.all.sync.b64 {r}|p, {v}, -1; selp.u32 {r}, 1, 0, p; }}",
+                    r = out(reg32) r, v = in(reg64) v,
+                )
+            } else {
+                core::arch::asm!(
+                    "{{ .reg .pred p; match.all.sync.b64 {r}|p, {v}, {mask}; selp.u32 {r}, 1, 0, p; }}",
+                    r = out(reg32) r, v = in(reg64) v, mask = in(reg32) mask,
+                )
+            }
         };
         r != 0
     }
@@ -133,10 +141,12 @@ impl Warp for NvptxWarp {
     #[inline(always)]
     fn fetch_or_acquire(&self, a: &AtomicU64, v: u64) -> u64 {
         let old: u64;
-        // SAFETY: `a` is a live, aligned atomic; the asm is an atomic RMW on it and nothing else.
+        // SAFETY: `a` is a live, aligned atomic in global memory (every heap array is: the region
+        // comes from a device allocation); the asm is an atomic RMW on it and nothing else. The
+        // global state space spares ptxas's test for a shared-memory address before each atom.
         unsafe {
             core::arch::asm!(
-                "atom.acquire.gpu.or.b64 {old}, [{a}], {v};",
+                "{{ .reg .b64 g; cvta.to.global.u64 g, {a}; atom.acquire.gpu.global.or.b64 {old}, [g], {v}; }}",
                 old = out(reg64) old, a = in(reg64) a.as_ptr(), v = in(reg64) v,
             )
         };
@@ -149,7 +159,7 @@ impl Warp for NvptxWarp {
         // SAFETY: as for `fetch_or_acquire`.
         unsafe {
             core::arch::asm!(
-                "atom.release.gpu.and.b64 {old}, [{a}], {v};",
+                "{{ .reg .b64 g; cvta.to.global.u64 g, {a}; atom.release.gpu.global.and.b64 {old}, [g], {v}; }}",
                 old = out(reg64) old, a = in(reg64) a.as_ptr(), v = in(reg64) v,
             )
         };
@@ -165,16 +175,20 @@ impl Warp for NvptxWarp {
     }
 }
 
-/// [`NvptxWarp`] with relaxed bitmap atomics (`core`'s, which drop the ordering on nvptx): only
-/// for the benchmark that measures what the Acquire/Release orderings cost. Not a correct heap
-/// for blocks reused within one launch.
+/// [`NvptxWarp`] (or, with `FULL`, [`FullWarp`]) with relaxed bitmap atomics (`core`'s, which
+/// drop the ordering on nvptx): only for the benchmark that measures what the Acquire/Release
+/// orderings cost. Not a correct heap for blocks reused within one launch.
 #[derive(Clone, Copy, Debug)]
-pub struct RelaxedWarp;
+pub struct RelaxedWarp<const FULL: bool>;
 
-impl Warp for RelaxedWarp {
+impl<const FULL: bool> Warp for RelaxedWarp<FULL> {
     #[inline(always)]
     fn active(&self) -> u32 {
-        NvptxWarp.active()
+        if FULL {
+            u32::MAX
+        } else {
+            NvptxWarp.active()
+        }
     }
     #[inline(always)]
     fn lane(&self) -> u32 {
@@ -202,21 +216,154 @@ impl Warp for RelaxedWarp {
     }
 }
 
-/// (this warp's index in the grid, warps in the grid), the same for every lane of a warp
-/// whatever the block's shape (a warp never spans two blocks).
+/// `a.fetch_add(v)`, relaxed, as one global-space `atom` (what `core`'s atomics give on nvptx,
+/// less ptxas's test for a shared-memory address).
 #[inline(always)]
-pub fn warp_in_grid() -> (u64, u64) {
+pub fn fetch_add_global(a: &AtomicU64, v: u64) -> u64 {
+    let old: u64;
+    // SAFETY: as for `NvptxWarp::fetch_or_acquire`.
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .b64 g; cvta.to.global.u64 g, {a}; atom.relaxed.gpu.global.add.u64 {old}, [g], {v}; }}",
+            old = out(reg64) old, a = in(reg64) a.as_ptr(), v = in(reg64) v,
+        )
+    };
+    old
+}
+
+/// [`NvptxWarp`] for a call that all 32 lanes make together (`activemask` read all ones): the
+/// mask is a constant, so every collective gets a literal full mask and every "which lanes"
+/// computation folds away.
+#[derive(Clone, Copy, Debug)]
+pub struct FullWarp;
+
+impl Warp for FullWarp {
+    #[inline(always)]
+    fn active(&self) -> u32 {
+        u32::MAX
+    }
+    #[inline(always)]
+    fn lane(&self) -> u32 {
+        NvptxWarp.lane()
+    }
+    #[inline(always)]
+    fn shfl(&self, mask: u32, v: u32, src: u32) -> u32 {
+        NvptxWarp.shfl(mask, v, src)
+    }
+    #[inline(always)]
+    fn match_any(&self, mask: u32, v: u64) -> u32 {
+        NvptxWarp.match_any(mask, v)
+    }
+    #[inline(always)]
+    fn match_all(&self, mask: u32, v: u64) -> bool {
+        NvptxWarp.match_all(mask, v)
+    }
+    #[inline(always)]
+    fn ballot(&self, mask: u32, pred: bool) -> u32 {
+        NvptxWarp.ballot(mask, pred)
+    }
+    #[inline(always)]
+    fn slot_hint(&self) -> u32 {
+        NvptxWarp.slot_hint()
+    }
+    #[inline(always)]
+    fn fetch_or_acquire(&self, a: &AtomicU64, v: u64) -> u64 {
+        NvptxWarp.fetch_or_acquire(a, v)
+    }
+    #[inline(always)]
+    fn fetch_and_release(&self, a: &AtomicU64, v: u64) -> u64 {
+        NvptxWarp.fetch_and_release(a, v)
+    }
+}
+
+/// The calling warp's index in the grid, wrapping at 2^32 (it only seeds a hint), the same for
+/// every lane whatever the block's shape (a warp never spans two blocks).
+#[inline(always)]
+pub fn warp_index() -> u32 {
     // SAFETY: reading special registers has no preconditions inside a kernel.
     unsafe {
-        let (bx, by) = (nvptx::_block_dim_x() as u64, nvptx::_block_dim_y() as u64);
-        let threads = bx * by * nvptx::_block_dim_z() as u64;
-        let t = nvptx::_thread_idx_x() as u64
-            + bx * (nvptx::_thread_idx_y() as u64 + by * nvptx::_thread_idx_z() as u64);
-        let (gx, gy) = (nvptx::_grid_dim_x() as u64, nvptx::_grid_dim_y() as u64);
-        let blocks = gx * gy * nvptx::_grid_dim_z() as u64;
-        let b = nvptx::_block_idx_x() as u64
-            + gx * (nvptx::_block_idx_y() as u64 + gy * nvptx::_block_idx_z() as u64);
-        let per_block = threads.div_ceil(32);
-        (b * per_block + t / 32, blocks * per_block)
+        let (bx, by) = (nvptx::_block_dim_x() as u32, nvptx::_block_dim_y() as u32);
+        let threads = bx
+            .wrapping_mul(by)
+            .wrapping_mul(nvptx::_block_dim_z() as u32);
+        let t = (nvptx::_thread_idx_x() as u32).wrapping_add(
+            bx.wrapping_mul(
+                (nvptx::_thread_idx_y() as u32)
+                    .wrapping_add(by.wrapping_mul(nvptx::_thread_idx_z() as u32)),
+            ),
+        );
+        let gx = nvptx::_grid_dim_x() as u32;
+        let b = (nvptx::_block_idx_x() as u32).wrapping_add(gx.wrapping_mul(
+            (nvptx::_block_idx_y() as u32).wrapping_add(
+                (nvptx::_grid_dim_y() as u32).wrapping_mul(nvptx::_block_idx_z() as u32),
+            ),
+        ));
+        b.wrapping_mul(threads.div_ceil(32)).wrapping_add(t / 32)
     }
+}
+
+/// Two `u64`s at `p` (16-byte aligned, global memory) through the read-only data path.
+///
+/// # Safety
+/// `p` is a global address of 16 readable bytes that nothing writes while the kernel runs.
+#[inline(always)]
+unsafe fn ld_nc_pair(p: u64) -> (u64, u64) {
+    let (a, b): (u64, u64);
+    // SAFETY: the caller's contract; `pure, readonly` lets LLVM drop loads whose fields go unused.
+    unsafe {
+        core::arch::asm!(
+            "ld.global.nc.v2.u64 {{{a}, {b}}}, [{p}];",
+            a = out(reg64) a, b = out(reg64) b, p = in(reg64) p,
+            options(pure, readonly, nostack),
+        )
+    };
+    (a, b)
+}
+
+/// A copy of the handle at `heap` in registers, if it is a formatted heap of `kind`: one 16-byte
+/// read-only load per pair of fields that the caller uses, all in flight together, instead of a
+/// generic load per field each time the allocator reads one.
+///
+/// # Safety
+/// `heap` is null or the device address of a heap region (global memory, 128-byte aligned)
+/// whose handle the host writes only between launches.
+#[inline(always)]
+pub unsafe fn load_handle(heap: *const HeapHandle, tag: u64) -> Option<HeapHandle> {
+    if heap.is_null() {
+        return None;
+    }
+    let g: u64;
+    // SAFETY: converts the generic address of a global allocation to its global-space address.
+    unsafe {
+        core::arch::asm!(
+            "cvta.to.global.u64 {g}, {p};",
+            g = out(reg64) g, p = in(reg64) heap,
+            options(pure, nomem, nostack),
+        )
+    };
+    // SAFETY: the caller's contract; the handle is 128 bytes, 16-byte aligned.
+    let [(magic_kind, block_size), (capacity, data), (counters, shard_used), (shard_peak, words), (w64, w72), (w80, next)] =
+        [0, 16, 32, 48, 64, 80].map(|o| unsafe { ld_nc_pair(g + o) });
+    if magic_kind != tag {
+        return None;
+    }
+    Some(HeapHandle {
+        magic: magic_kind as u32,
+        kind: (magic_kind >> 32) as u32,
+        block_size,
+        capacity,
+        data,
+        counters,
+        shard_used,
+        shard_peak,
+        words,
+        nwords: w64 as u32,
+        nshards: (w64 >> 32) as u32,
+        shard_words_log2: w72 as u32,
+        block_shift: (w72 >> 32) as u32,
+        flags: w80 as u32,
+        _pad: (w80 >> 32) as u32,
+        next,
+        reserved: [0; 4],
+    })
 }

@@ -9,9 +9,9 @@
 //!    two, in flight together: [`Slab::claim_run`]) and shuffles to the lanes which ones it won;
 //!    lane `r` gets block `hint + r`.
 //!
-//! Warps start at a hint (on the GPU, warps are dealt round-robin over the shards and spread
-//! evenly inside each, so the warps running at one time touch different shard counts and
-//! different words), so on a fresh heap step 2 always wins. Lanes that lose
+//! Warps start at a hint ([`warp_hint`] on the GPU: neighbour warps land far apart, on
+//! different shard counts and words, in disjoint word-aligned runs of 32 when the grid fits),
+//! so on a fresh heap step 2 always wins. Lanes that lose
 //! (a bit already set, or a short reservation) take the slow path ([`Slab::alloc_slow`]): the
 //! leader claims the rest of the reservation word by word with one `fetch_or` per word, then
 //! scans the shard counts, one per lane, for other shards; a warp that finds none returns null
@@ -38,7 +38,11 @@ use crate::warp::{lowest_set_bits, nth_set_bit, rank_in, Warp};
 /// A view of one formatted slab segment.
 #[derive(Clone, Copy, Debug)]
 pub struct Slab<'a> {
+    /// The fields the fast paths read (on the GPU, a copy in registers).
     h: &'a HeapHandle,
+    /// The handle in the region, which the out-of-line slow paths read, so that calling them
+    /// does not make the register copy spill to memory.
+    home: &'a HeapHandle,
 }
 
 /// No block (an index that no heap reaches).
@@ -52,7 +56,26 @@ impl<'a> Slab<'a> {
     /// and are accessed only atomically by others, for `'a`.
     #[inline(always)]
     pub unsafe fn new(h: &'a HeapHandle) -> Self {
-        Slab { h }
+        Slab { h, home: h }
+    }
+
+    /// Views a slab segment through `copy`, a copy of the handle at `home` (equal to it).
+    ///
+    /// # Safety
+    /// As for [`Slab::new`], for `home`.
+    #[inline(always)]
+    pub unsafe fn with_copy(copy: &'a HeapHandle, home: &'a HeapHandle) -> Self {
+        debug_assert!(copy == home);
+        Slab { h: copy, home }
+    }
+
+    /// The same segment through its handle in the region (for the out-of-line paths).
+    #[inline(always)]
+    fn at_home(&self) -> Self {
+        Slab {
+            h: self.home,
+            home: self.home,
+        }
     }
 
     /// The handle.
@@ -112,7 +135,12 @@ impl<'a> Slab<'a> {
     /// the reservations of all callers add up to exactly the capacity.
     #[inline(always)]
     pub fn reserve(&self, s: u32, want: u32) -> u32 {
-        let cap = self.shard_capacity(s);
+        self.reserve_in(s, self.shard_capacity(s), want)
+    }
+
+    /// [`Slab::reserve`] for shard `s` of `cap` blocks.
+    #[inline(always)]
+    fn reserve_in(&self, s: u32, cap: u32, want: u32) -> u32 {
         // Acquire: pairs with the Release decrement in `free`, so a reserved block's bit is seen
         // clear by the claim that follows.
         let old = self.used(s).fetch_add(want, Ordering::Acquire);
@@ -165,62 +193,65 @@ impl<'a> Slab<'a> {
         self.used(s).load(Ordering::Relaxed) < self.shard_capacity(s)
     }
 
-    /// First bit past shard `s`.
-    #[inline(always)]
-    fn shard_end(&self, s: u32) -> u64 {
-        (((s as u64) + 1) << (self.h.shard_words_log2 + 6)).min(self.h.capacity)
-    }
-
-    /// Block `i`'s address.
+    /// Block `i`'s address (a multiply whatever the size: cheaper than testing for a shift).
     #[inline(always)]
     fn block(&self, i: u64) -> *mut u8 {
-        let off = if self.h.block_shift != u32::MAX {
-            i << self.h.block_shift
-        } else {
-            i * self.h.block_size
-        };
-        (self.h.data + off) as *mut u8
+        (self.h.data + i * self.h.block_size) as *mut u8
     }
 
     /// Allocates one block for each calling lane of `warp`; null for lanes that could not get one.
     ///
-    /// `hint` is a block index where this warp prefers to start (taken from the leader).
+    /// `hint` is a block index where this warp prefers to start; every calling lane passes the
+    /// same one (see [`warp_hint`]).
     /// Failures are counted when `count_failures` (the last segment of a chain).
     #[inline(always)]
     pub fn alloc<W: Warp>(&self, warp: &W, hint: u64, count_failures: bool) -> *mut u8 {
+        self.alloc_counting(warp, hint, Some(count_failures))
+    }
+
+    /// [`Slab::alloc`] that counts failures when this is the last segment of its chain (read
+    /// only when a lane goes without a block, so the fast path never loads `next`).
+    #[inline(always)]
+    pub fn alloc_in_chain<W: Warp>(&self, warp: &W, hint: u64) -> *mut u8 {
+        self.alloc_counting(warp, hint, None)
+    }
+
+    /// The fast path is straight-line: the leader reserves and claims the run `hint ..
+    /// hint + lanes` (one `fetch_add`, one or two `fetch_or`), one shuffle tells the lanes what it
+    /// won, and the lane of rank `r` takes block `hint + r`. Anything else goes out of line.
+    #[inline(always)]
+    fn alloc_counting<W: Warp>(&self, warp: &W, hint: u64, count: Option<bool>) -> *mut u8 {
         let active = warp.active();
         let leader = active.trailing_zeros();
-        let rank = rank_in(active, warp.lane());
         let total = active.count_ones();
         let cap = self.h.capacity;
-        let hint = warp.shfl64(active, hint, leader);
-        let hint = if hint < cap { hint } else { hint % cap };
-        let shard = ((hint >> 6) >> self.h.shard_words_log2) as u32;
-
+        let hint = if hint < cap {
+            hint
+        } else {
+            wrap_hint(hint, cap)
+        };
+        let log2 = self.h.shard_words_log2;
+        let shard = ((hint >> 6) >> log2) as u32;
         let mut take = 0;
         let mut won = 0;
         if warp.lane() == leader {
-            take = self.reserve(shard, total);
-            let run = (self.shard_end(shard) - hint).min(take as u64) as u32;
+            // The shard's blocks, and the hint's place among them, without 64-bit multiplies.
+            let per = 64u64 << log2;
+            let at = hint & (per - 1);
+            let blocks = (cap - (hint - at)).min(per);
+            take = self.reserve_in(shard, blocks as u32, total);
+            let run = (blocks - at).min(take as u64) as u32;
             won = self.claim_run(warp, hint, run);
         }
         // Bit `r` of `won`: block `hint + r` is the rank-`r` lane's.
         let won = warp.shfl(active, won, leader);
-        let mut mine = NONE;
-        if (won >> rank) & 1 != 0 {
-            mine = hint + rank as u64;
+        let rank = rank_in(active, warp.lane());
+        if won.count_ones() == total {
+            return self.block(hint + rank as u64);
         }
-        if won.count_ones() < total {
-            let take = warp.shfl(active, take, leader);
-            let got = warp.ballot(active, mine != NONE);
-            self.alloc_slow(
-                warp,
-                active,
-                (shard, hint, take, got),
-                &mut mine,
-                count_failures,
-            );
-        }
+        let mine = self
+            .at_home()
+            .alloc_slow(warp, (shard, hint, take, won), count);
         if mine == NONE {
             core::ptr::null_mut()
         } else {
@@ -252,20 +283,29 @@ impl<'a> Slab<'a> {
         won
     }
 
-    /// The lanes of `active` outside `got` still need a block: the leader claims the rest of the
-    /// fast path's reservation (`take` blocks of `shard`) from `hint` on, then reserves and claims
-    /// in other shards until every lane is served or no shard has room.
+    /// The fast path's claim left lanes without a block (`won`: bit `r` for the rank-`r` lane's
+    /// block `hint + r`; `take`, the leader's reservation in `shard`): the leader claims the rest
+    /// of the reservation from `hint` on, then reserves and claims in other shards until every
+    /// lane is served or no shard has room. Returns this lane's block index, or [`NONE`].
+    #[cold]
     #[inline(never)]
     fn alloc_slow<W: Warp>(
         &self,
         warp: &W,
-        active: u32,
-        (shard, hint, take, got): (u32, u64, u32, u32),
-        mine: &mut u64,
-        count_failures: bool,
-    ) {
+        (shard, hint, take, won): (u32, u64, u32, u32),
+        count: Option<bool>,
+    ) -> u64 {
+        let count_failures = count.unwrap_or(self.h.next == 0);
+        let active = warp.active();
         let lane = warp.lane();
         let leader = active.trailing_zeros();
+        let take = warp.shfl(active, take, leader);
+        let mut mine = NONE;
+        if (won >> rank_in(active, lane)) & 1 != 0 {
+            mine = hint + rank_in(active, lane) as u64;
+        }
+        let mine = &mut mine;
+        let got = warp.ballot(active, *mine != NONE);
         let pending = active & !got;
         let need = pending.count_ones();
         // Rank among the lanes still waiting; the others never match a handed-out rank.
@@ -321,6 +361,7 @@ impl<'a> Slab<'a> {
             self.counter(COUNTER_FAILED_ALLOCS, warp.slot_hint())
                 .fetch_add(failed as u64, Ordering::Relaxed);
         }
+        *mine
     }
 
     /// Claims `take` reserved bits of `shard`, starting at `start_word` bit `from`, and gives
@@ -412,12 +453,61 @@ impl<'a> Slab<'a> {
             }
             off >> self.h.block_shift
         } else {
-            if !off.is_multiple_of(self.h.block_size) {
-                return None;
-            }
-            off / self.h.block_size
+            exact_quotient(off, self.h.block_size)?
         };
         (idx < self.h.capacity).then_some(idx)
+    }
+
+    /// The fast path of a warp's free: when the calling lanes' pointers are blocks `base ..
+    /// base + lanes` of this segment in rank order, inside one bitmap word (a warp freeing what
+    /// one [`Slab::alloc`] gave it), the leader clears them with one `fetch_and` and moves the
+    /// shard count by the bits that were set. Returns `false` (the same for every lane), having
+    /// done nothing, otherwise.
+    #[inline(always)]
+    pub fn free_run<W: Warp>(&self, warp: &W, ptr: *mut u8) -> bool {
+        let active = warp.active();
+        let lane = warp.lane();
+        let leader = active.trailing_zeros();
+        let lanes = active.count_ones();
+        let idx = self.index_of(ptr).unwrap_or(NONE);
+        let base = idx.wrapping_sub(rank_in(active, lane) as u64);
+        // One 32-bit shuffle: bases at or past 2^32 blocks simply take the group path.
+        let lead = warp.shfl(active, base as u32, leader);
+        let ok = idx != NONE && base == lead as u64 && (base & 63) + lanes as u64 <= 64;
+        if warp.ballot(active, ok) != active {
+            return false;
+        }
+        if lane == leader {
+            let run = (u64::MAX >> (64 - lanes)) << (base & 63);
+            let word = (base >> 6) as u32;
+            // Release: the lanes' accesses to their blocks (this warp's, issued before this
+            // instruction, which the ballot above waited for) happen before the next owners'.
+            let old = warp.fetch_and_release(self.word(word), !run);
+            let freed = (old & run).count_ones();
+            self.settle_free(warp, word, lanes, freed);
+        }
+        true
+    }
+
+    /// Moves the count of `word`'s shard after a free of `lanes` blocks of which `freed` were in
+    /// use; counts the rest as double frees on a checked heap.
+    #[inline(always)]
+    fn settle_free<W: Warp>(&self, warp: &W, word: u32, lanes: u32, freed: u32) {
+        if freed < lanes {
+            self.at_home()
+                .count_double_frees(warp.slot_hint(), lanes - freed);
+        }
+        self.unreserve(word >> self.h.shard_words_log2, freed);
+    }
+
+    /// Counts `n` double frees on a checked heap.
+    #[cold]
+    #[inline(never)]
+    fn count_double_frees(&self, slot: u32, n: u32) {
+        if self.h.flags & FLAG_CHECKED_FREES != 0 {
+            self.counter(COUNTER_DOUBLE_FREES, slot)
+                .fetch_add(n as u64, Ordering::Relaxed);
+        }
     }
 
     /// Frees `ptr` (a block of this segment, see [`Slab::index_of`]) for each calling lane.
@@ -465,11 +555,7 @@ impl<'a> Slab<'a> {
         if in_run & group != group {
             freed = (cleared & group).count_ones();
         }
-        if freed < lanes && self.h.flags & FLAG_CHECKED_FREES != 0 {
-            self.counter(COUNTER_DOUBLE_FREES, warp.slot_hint())
-                .fetch_add((lanes - freed) as u64, Ordering::Relaxed);
-        }
-        self.unreserve(word >> self.h.shard_words_log2, freed);
+        self.settle_free(warp, word, lanes, freed);
     }
 
     /// Counts a pointer that belongs to no segment.
@@ -478,6 +564,36 @@ impl<'a> Slab<'a> {
         self.counter(COUNTER_FOREIGN_FREES, slot)
             .fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// `off / size` if `size` divides it: out of line, as only block sizes that are not powers of two
+/// divide.
+#[cold]
+#[inline(never)]
+fn exact_quotient(off: u64, size: u64) -> Option<u64> {
+    off.is_multiple_of(size).then(|| off / size)
+}
+
+/// A block index in `0..cap` from a hint at or past it (a later segment of a chain, a caller's
+/// own hint): out of line, so that the fast path carries no 64-bit division.
+#[cold]
+#[inline(never)]
+fn wrap_hint(hint: u64, cap: u64) -> u64 {
+    hint % cap
+}
+
+/// The hint for warp `warp` of a grid: the warp index with its bits reversed, read as a fraction
+/// of the capacity, rounded down to a multiple of 32.
+///
+/// Warps that run at the same time (neighbours in the grid) land far apart, on different shard
+/// counts and bitmap words; the first `2^k` warps of a grid are spaced `cap / 2^k` blocks apart,
+/// so when that is at least 32 (the grid's threads, rounded up to a power of two, fit the heap)
+/// their runs never overlap, and a run of 32 never straddles two bitmap words. No division: one
+/// bit reversal and one multiply.
+#[inline(always)]
+pub fn warp_hint(warp: u32, cap: u64) -> u64 {
+    let f = warp.reverse_bits() as u128;
+    (((f * cap as u128) >> 32) as u64) & !31
 }
 
 /// Allocates from the chain of slab segments starting at `h`.
@@ -505,6 +621,21 @@ pub unsafe fn chain_alloc<W: Warp>(h: &HeapHandle, warp: &W, hint: u64) -> *mut 
 /// As for [`chain_alloc`]; `ptr` must not be used after this call if it is a block of the heap.
 #[inline(always)]
 pub unsafe fn chain_free<W: Warp>(h: &HeapHandle, warp: &W, ptr: *mut u8) {
+    // SAFETY: the caller vouches for the chain.
+    if unsafe { Slab::new(h) }.free_run(warp, ptr) {
+        return;
+    }
+    // SAFETY: as above.
+    unsafe { chain_free_each(h, warp, ptr) }
+}
+
+/// [`chain_free`] lane by lane: each lane finds its segment, then the lanes of a segment free
+/// together in groups of one bitmap word.
+///
+/// # Safety
+/// As for [`chain_free`].
+#[inline(always)]
+pub unsafe fn chain_free_each<W: Warp>(h: &HeapHandle, warp: &W, ptr: *mut u8) {
     let first = h;
     let mut h = h;
     loop {
@@ -521,5 +652,43 @@ pub unsafe fn chain_free<W: Warp>(h: &HeapHandle, warp: &W, ptr: *mut u8) {
         }
         // SAFETY: as above.
         h = unsafe { &*(h.next as *const HeapHandle) };
+    }
+}
+
+#[cfg(all(test, not(carve_loom)))]
+mod tests {
+    use super::warp_hint;
+
+    /// The first 2^k warps of a grid get disjoint, word-aligned runs of 32 inside the heap
+    /// whenever the heap holds 32 blocks per warp of the grid rounded up to a power of two.
+    #[test]
+    fn warp_hints_of_a_grid_are_disjoint_runs() {
+        for (warps, cap) in [
+            (1u32, 32u64),
+            (8, 256),
+            (1 << 12, 3 << 16),
+            (1 << 14, 600_000),
+        ] {
+            let mut hints: std::vec::Vec<u64> = (0..warps).map(|w| warp_hint(w, cap)).collect();
+            assert!(
+                hints.iter().all(|&h| h % 32 == 0 && h + 32 <= cap),
+                "{warps} {cap}"
+            );
+            hints.sort_unstable();
+            assert!(
+                hints.windows(2).all(|p| p[1] >= p[0] + 32),
+                "{warps} warps, cap {cap}"
+            );
+        }
+    }
+
+    /// Any warp index, any capacity: a block index of the heap.
+    #[test]
+    fn warp_hints_stay_inside_the_heap() {
+        for cap in [1u64, 31, 33, 1000, 1 << 40] {
+            for w in [0u32, 1, 2, 3, 1000, 123_457, u32::MAX] {
+                assert!(warp_hint(w, cap) < cap, "warp {w}, cap {cap}");
+            }
+        }
     }
 }
