@@ -85,8 +85,15 @@ impl StartLine {
     fn wait(&self) {
         self.barrier.wait();
         self.arrived.fetch_add(1, Ordering::AcqRel);
+        // Yields after a while, so that more threads than cores still all get there.
+        let mut spins = 0u32;
         while self.arrived.load(Ordering::Acquire) < self.threads {
-            std::hint::spin_loop();
+            if spins < 1 << 14 {
+                std::hint::spin_loop();
+                spins += 1;
+            } else {
+                std::thread::yield_now();
+            }
         }
     }
 }
@@ -243,12 +250,27 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
         format!("random_allocations, multi-threaded: each thread its own stream, N={n} per thread, max 64 KiB"),
         &["resource", "threads", "M steps/s (all threads)", "ns per step per thread", "speedup vs 1 thread"],
     );
-    let threads: &[usize] = &[1, 4, 16];
     let max = 64 << 10;
-    for name in ["pool", "fixed-size", "arena"] {
-        let mut base = 0.0;
+    // The last two rows are controls: each thread gets a resource of its own, so nothing is
+    // shared; their speedup (against the shared resource's single thread, the same setup) is
+    // what the machine itself allows.
+    let rows: [(&str, bool, &[usize]); 5] = [
+        ("pool", false, &[1, 4, 16]),
+        ("fixed-size", false, &[1, 4, 16]),
+        ("arena", false, &[1, 4, 16]),
+        ("fixed-size", true, &[16]),
+        ("arena", true, &[16]),
+    ];
+    let mut bases = std::collections::HashMap::new();
+    for (name, unshared, threads) in rows {
         for &t in threads {
-            let mr = setup.threaded(name, max)?;
+            let mrs: Vec<SharedResource> = if unshared {
+                (0..t)
+                    .map(|_| setup.threaded(name, max))
+                    .collect::<carve::Result<_>>()?
+            } else {
+                vec![setup.threaded(name, max)?; t]
+            };
             let streams: Vec<_> = (0..t)
                 .map(|i| setup.stream(i + 1))
                 .collect::<carve::Result<_>>()?;
@@ -261,7 +283,7 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
                     .iter()
                     .enumerate()
                     .map(|(i, (s, _))| {
-                        let (mr, start_line, s) = (&mr, &start_line, *s);
+                        let (mr, start_line, s) = (&mrs[i], &start_line, *s);
                         scope.spawn(move || -> carve::Result<(Instant, Instant)> {
                             let seed = SEED + i as u64;
                             let mut live = Live::new();
@@ -288,15 +310,22 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
             let steps = (2 * n * t) as f64;
             let rate = steps / wall.as_secs_f64() / 1e6;
             if t == 1 {
-                base = rate;
+                bases.insert(name, rate);
             }
+            let base = bases.get(name).copied().unwrap_or(f64::NAN);
+            let label = if unshared {
+                format!("{name}, one per thread (control)")
+            } else {
+                name.to_string()
+            };
             multi.row(vec![
-                name.into(),
+                label,
                 t.to_string(),
                 format!("{rate:.1}"),
                 ns(wall.as_nanos() as f64 / (2 * n) as f64),
                 format!("{:.1}×", rate / base),
             ]);
+            drop(mrs);
             drop(streams);
         }
     }
