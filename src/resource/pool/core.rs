@@ -43,14 +43,26 @@ const ANY: u32 = 0;
 struct Node {
     addr: usize,
     size: usize,
-    /// Requested bytes, while live.
-    bytes: usize,
     /// Neighbours in the chunk (NIL at its ends).
     phys: (u32, u32),
     /// Free-list links, while filed.
     link: (u32, u32),
     /// The bin it is filed in, or LIVE / SPARE.
     bin: u32,
+    /// While live, `size` minus the requested bytes (under a grain: a live block is the
+    /// request rounded up to the grain), so a node takes 40 bytes, not 48.
+    slack: u8,
+}
+
+#[cfg(target_pointer_width = "64")]
+static_assertions::assert_eq_size!(Node, [u64; 5]);
+
+impl Node {
+    /// The bytes requested for a live block.
+    #[inline]
+    fn requested(&self) -> usize {
+        self.size - self.slack as usize
+    }
 }
 
 impl NodeAddr for Vec<Node> {
@@ -314,12 +326,12 @@ impl PoolCore {
             return Err(self.classify(name, ptr));
         };
         let node = self.nodes[n as usize];
-        if node.bytes != bytes {
+        if node.requested() != bytes {
             self.live.insert(&self.nodes, ptr, n);
             return Err(Error::SizeMismatch {
                 resource: name,
                 ptr,
-                allocated: node.bytes,
+                allocated: node.requested(),
                 freed: bytes,
             });
         }
@@ -434,8 +446,9 @@ impl PoolCore {
             self.file(tail, bin);
         }
         let n = &mut self.nodes[live as usize];
+        debug_assert!(n.size == size && size - bytes < GRAIN);
         n.bin = LIVE;
-        n.bytes = bytes;
+        n.slack = (n.size - bytes) as u8;
         self.live.insert(&self.nodes, start, live);
         self.in_use += size;
         NonNull::new(start as *mut u8).expect("chunk addresses are non-null")
@@ -518,10 +531,10 @@ impl PoolCore {
         let node = Node {
             addr,
             size,
-            bytes: 0,
             phys,
             link: (NIL, NIL),
             bin: SPARE,
+            slack: 0,
         };
         match self.spare.pop() {
             Some(n) => {
