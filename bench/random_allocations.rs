@@ -4,6 +4,7 @@
 //! A second table runs it on 1, 4 and 16 threads at once, each on its own stream.
 
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
@@ -22,7 +23,12 @@ use super::table::{ns, Table};
 const MIB: usize = 1 << 20;
 const SEED: u64 = 0x5EED;
 
-/// Runs the workload once; returns the time of the 2×N steps (the final cleanup is untimed).
+/// The live allocations of one run: kept by the caller across runs, so the timed run neither
+/// allocates nor first touches the list (page faults and `mmap` serialise threads).
+pub type Live = Vec<(NonNull<u8>, usize)>;
+
+/// Runs the workload once on `live` (left empty); returns when its 2×N steps began and ended.
+/// The final cleanup is outside that span.
 pub fn workload(
     mr: &dyn MemoryResource,
     stream: StreamRef,
@@ -30,11 +36,13 @@ pub fn workload(
     max_bytes: usize,
     cap: usize,
     seed: u64,
-) -> carve::Result<Duration> {
+    live: &mut Live,
+) -> carve::Result<(Instant, Instant)> {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let mut live: Vec<(NonNull<u8>, usize)> = Vec::with_capacity(n);
+    live.clear();
+    live.reserve(n);
     let (mut made, mut live_bytes) = (0usize, 0usize);
-    let t = Instant::now();
+    let start = Instant::now();
     for _ in 0..2 * n {
         let size = rng.random_range(1..=max_bytes);
         let alloc = rng.random_bool(0.73) && made < n && live_bytes + size <= cap;
@@ -49,12 +57,45 @@ pub fn workload(
             live_bytes -= size;
         }
     }
-    let elapsed = t.elapsed();
-    for (p, size) in live {
+    let end = Instant::now();
+    for (p, size) in live.drain(..) {
         // SAFETY: as above.
         unsafe { mr.deallocate(stream, p, size, 256)? };
     }
-    Ok(elapsed)
+    Ok((start, end))
+}
+
+/// Releases threads together: a blocking barrier first (threads sleep while others warm up),
+/// then a spin until all have woken, so that wake-up latency does not skew their start times.
+struct StartLine {
+    barrier: Barrier,
+    arrived: AtomicUsize,
+    threads: usize,
+}
+
+impl StartLine {
+    fn new(threads: usize) -> Self {
+        StartLine {
+            barrier: Barrier::new(threads),
+            arrived: AtomicUsize::new(0),
+            threads,
+        }
+    }
+
+    fn wait(&self) {
+        self.barrier.wait();
+        self.arrived.fetch_add(1, Ordering::AcqRel);
+        // Yields after a while, so that more threads than cores still all get there.
+        let mut spins = 0u32;
+        while self.arrived.load(Ordering::Acquire) < self.threads {
+            if spins < 1 << 14 {
+                std::hint::spin_loop();
+                spins += 1;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
 }
 
 struct Setup {
@@ -180,10 +221,12 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
                 // One untimed pass warms the resource (pools reach their size), then three
                 // timed passes on it.
                 let mut times = Vec::new();
+                let mut live = Live::new();
                 for rep in 0..4 {
-                    let t = workload(&*mr, StreamRef::DEFAULT, n, max, setup.cap, SEED)?;
+                    let (a, b) =
+                        workload(&*mr, StreamRef::DEFAULT, n, max, setup.cap, SEED, &mut live)?;
                     if rep > 0 {
-                        times.push(t);
+                        times.push(b - a);
                     }
                     if let Some(d) = &setup.device {
                         d.synchronize()?;
@@ -207,36 +250,52 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
         format!("random_allocations, multi-threaded: each thread its own stream, N={n} per thread, max 64 KiB"),
         &["resource", "threads", "M steps/s (all threads)", "ns per step per thread", "speedup vs 1 thread"],
     );
-    let threads: &[usize] = &[1, 4, 16];
     let max = 64 << 10;
-    for name in ["pool", "fixed-size", "arena"] {
-        let mut base = 0.0;
+    // The last two rows are controls: each thread gets a resource of its own, so nothing is
+    // shared; their speedup (against the shared resource's single thread, the same setup) is
+    // what the machine itself allows.
+    let rows: [(&str, bool, &[usize]); 5] = [
+        ("pool", false, &[1, 4, 16]),
+        ("fixed-size", false, &[1, 4, 16]),
+        ("arena", false, &[1, 4, 16]),
+        ("fixed-size", true, &[16]),
+        ("arena", true, &[16]),
+    ];
+    let mut bases = std::collections::HashMap::new();
+    for (name, unshared, threads) in rows {
         for &t in threads {
-            let mr = setup.threaded(name, max)?;
+            let mrs: Vec<SharedResource> = if unshared {
+                (0..t)
+                    .map(|_| setup.threaded(name, max))
+                    .collect::<carve::Result<_>>()?
+            } else {
+                vec![setup.threaded(name, max)?; t]
+            };
             let streams: Vec<_> = (0..t)
                 .map(|i| setup.stream(i + 1))
                 .collect::<carve::Result<_>>()?;
-            let barrier = Barrier::new(t + 1);
+            let start_line = StartLine::new(t);
             let per_thread_cap = setup.cap / 16;
-            // Each thread clocks its own timed run; the wall time spans the earliest start to
+            // Each thread clocks its own timed steps; the wall time spans the earliest start to
             // the latest end (a main-thread clock could start after a fast thread finished).
             let wall = std::thread::scope(|scope| -> carve::Result<Duration> {
                 let hs: Vec<_> = streams
                     .iter()
                     .enumerate()
                     .map(|(i, (s, _))| {
-                        let (mr, barrier, s) = (&mr, &barrier, *s);
+                        let (mr, start_line, s) = (&mrs[i], &start_line, *s);
                         scope.spawn(move || -> carve::Result<(Instant, Instant)> {
-                            // Warm-up: the same run, so the timed one reuses memory.
-                            workload(&**mr, s, n, max, per_thread_cap, SEED + i as u64)?;
-                            barrier.wait();
-                            let start = Instant::now();
-                            workload(&**mr, s, n, max, per_thread_cap, SEED + i as u64)?;
-                            Ok((start, Instant::now()))
+                            let seed = SEED + i as u64;
+                            let mut live = Live::new();
+                            // Warm-up: the same run, so the timed one reuses memory. A failed
+                            // thread still reaches the start line, so no other waits forever.
+                            let warm = workload(&**mr, s, n, max, per_thread_cap, seed, &mut live);
+                            start_line.wait();
+                            warm?;
+                            workload(&**mr, s, n, max, per_thread_cap, seed, &mut live)
                         })
                     })
                     .collect();
-                barrier.wait();
                 let mut span: Option<(Instant, Instant)> = None;
                 for h in hs {
                     let (a, b) = h.join().expect("bench thread panicked")?;
@@ -251,18 +310,25 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
             let steps = (2 * n * t) as f64;
             let rate = steps / wall.as_secs_f64() / 1e6;
             if t == 1 {
-                base = rate;
+                bases.insert(name, rate);
             }
+            let base = bases.get(name).copied().unwrap_or(f64::NAN);
+            let label = if unshared {
+                format!("{name}, one per thread (control)")
+            } else {
+                name.to_string()
+            };
             multi.row(vec![
-                name.into(),
+                label,
                 t.to_string(),
                 format!("{rate:.1}"),
                 ns(wall.as_nanos() as f64 / (2 * n) as f64),
                 format!("{:.1}×", rate / base),
             ]);
+            drop(mrs);
             drop(streams);
         }
     }
-    multi.note("after an untimed warm-up run per thread: wall time from the first thread's start (after a common barrier) to the last thread's end (cleanup untimed)");
+    multi.note("after an untimed warm-up run per thread: wall time from the first thread's first step to the last thread's last step; threads start together (a barrier, then a spin until all have woken); each thread reuses its list of live allocations from the warm-up, so the timed steps neither allocate nor page-fault outside the resource; cleanup untimed");
     Ok(vec![single, multi])
 }

@@ -174,3 +174,25 @@ fn sealing_races_with_stealing_without_loss_or_double_handout() {
         mr.check_invariants().unwrap();
     });
 }
+
+/// Two threads claim slots for the same two streams in opposite orders: each stream gets one
+/// slot that both threads agree on, the streams get different slots, and a third stream finds
+/// none left.
+#[test]
+fn slot_claims_race_without_sharing_or_splitting() {
+    loom::model(|| {
+        let mr = small_resource(1);
+        let (a, b) = (StreamRef::simulated(1), StreamRef::simulated(2));
+        let addr = |mr: &FixedSizeMemoryResource<HostMemoryResource>, s| {
+            mr.inner.slot_of(s).map(|x| x as *const _ as usize)
+        };
+        let mr2 = mr.clone();
+        let t = thread::spawn(move || (addr(&mr2, b), addr(&mr2, a)));
+        let (a1, b1) = (addr(&mr, a), addr(&mr, b));
+        let (b2, a2) = t.join().unwrap();
+        assert!(a1.is_some() && b1.is_some());
+        assert_eq!((a1, b1), (a2, b2));
+        assert_ne!(a1, b1);
+        assert_eq!(addr(&mr, StreamRef::simulated(3)), None);
+    });
+}

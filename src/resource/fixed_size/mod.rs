@@ -17,6 +17,8 @@ mod lookup;
 #[cfg(all(test, carve_loom))]
 mod loom_tests;
 mod stack;
+#[cfg(all(test, not(carve_loom)))]
+mod tests;
 
 use std::fmt;
 use std::ptr::NonNull;
@@ -125,7 +127,7 @@ impl<R: MemoryResource> Clone for FixedSizeMemoryResource<R> {
 
 /// One stream's stacks, on their own cache lines so streams on different threads do not share.
 /// (The slot's stream key lives apart, in `Inner::keys`, so that finding a slot reads only
-/// lines nobody writes.)
+/// lines nobody writes once streams have their slots.)
 #[repr(align(128))]
 struct Slot {
     /// Freed since the stream's last mark.
@@ -185,20 +187,24 @@ impl<R: MemoryResource> Inner<R> {
         unsafe { &*(std::ptr::with_exposed_provenance::<Slab>(raw)) }
     }
 
+    /// The stream's slot, claimed on first use: open addressing from a hash of the stream, so
+    /// finding it costs about one probe however many streams there are. Keys are never cleared,
+    /// so a probe that meets an unclaimed slot knows the stream has none before it.
     fn slot_of(&self, stream: StreamRef) -> Option<&Slot> {
         let key = stream.id().wrapping_add(1);
-        if let Some(i) = self
-            .keys
-            .iter()
-            .position(|k| k.load(Ordering::Acquire) == key)
-        {
-            return Some(&self.slots[i]);
-        }
-        for (i, k) in self.keys.iter().enumerate() {
-            match k.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Some(&self.slots[i]),
-                Err(k) if k == key => return Some(&self.slots[i]),
-                Err(_) => {}
+        let n = self.keys.len();
+        let start = ((key as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % n;
+        for i in (start..n).chain(0..start) {
+            let k = &self.keys[i];
+            let now = match k.load(Ordering::Acquire) {
+                0 => match k.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return Some(&self.slots[i]),
+                    Err(now) => now,
+                },
+                now => now,
+            };
+            if now == key {
+                return Some(&self.slots[i]);
             }
         }
         None

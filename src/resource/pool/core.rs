@@ -18,10 +18,10 @@
 //! stream to the driver outside a call on that stream: streams may be destroyed while blocks
 //! freed on them sit in the pool.
 
-use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BTreeMap;
 use std::ptr::NonNull;
 
+use super::live::{LiveIndex, NodeAddr};
 use super::tlsf::{FreeLinks, Tlsf, NIL};
 use crate::error::{Error, Result};
 use crate::resource::{align_up, DEFAULT_ALIGNMENT};
@@ -39,39 +39,37 @@ const SPARE: u32 = u32::MAX - 1;
 /// The bin of blocks any stream may take.
 const ANY: u32 = 0;
 
-/// Keys are distinct 256-byte-aligned addresses: a multiply-shift hash spreads them well and
-/// costs far less than SipHash, which no attacker-chosen key here needs.
-#[derive(Clone, Copy, Debug, Default)]
-struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.0 = ((n as u64) >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type AddrMap<V> = HashMap<usize, V, BuildHasherDefault<AddrHasher>>;
-
 #[derive(Clone, Copy, Debug)]
 struct Node {
     addr: usize,
     size: usize,
-    /// Requested bytes, while live.
-    bytes: usize,
     /// Neighbours in the chunk (NIL at its ends).
     phys: (u32, u32),
     /// Free-list links, while filed.
     link: (u32, u32),
     /// The bin it is filed in, or LIVE / SPARE.
     bin: u32,
+    /// While live, `size` minus the requested bytes (under a grain: a live block is the
+    /// request rounded up to the grain), so a node takes 40 bytes, not 48.
+    slack: u8,
+}
+
+#[cfg(target_pointer_width = "64")]
+static_assertions::assert_eq_size!(Node, [u64; 5]);
+
+impl Node {
+    /// The bytes requested for a live block.
+    #[inline]
+    fn requested(&self) -> usize {
+        self.size - self.slack as usize
+    }
+}
+
+impl NodeAddr for Vec<Node> {
+    #[inline]
+    fn addr_of(&self, node: u32) -> usize {
+        self[node as usize].addr
+    }
 }
 
 impl FreeLinks for Vec<Node> {
@@ -132,7 +130,7 @@ pub(crate) struct PoolCore {
     bins: Vec<Tlsf>,
     tags: Vec<Tag>,
     last_tag: usize,
-    live: AddrMap<u32>,
+    live: LiveIndex,
     /// Chunk base -> (size, the node at the base, which is never merged away).
     chunks: BTreeMap<usize, (usize, u32)>,
     /// Bumped whenever a stream runs short of its own blocks: marks are worth their driver
@@ -150,7 +148,7 @@ impl Default for PoolCore {
             bins: vec![Tlsf::default()],
             tags: Vec::new(),
             last_tag: 0,
-            live: AddrMap::default(),
+            live: LiveIndex::default(),
             chunks: BTreeMap::new(),
             demand: 0,
             pool_size: 0,
@@ -190,7 +188,7 @@ impl PoolCore {
     }
     /// True when `ptr` is a live block of this core.
     pub fn owns(&self, ptr: usize) -> bool {
-        self.live.contains_key(&ptr)
+        self.live.get(&self.nodes, ptr).is_some()
     }
 
     /// Adds an upstream chunk (GRAIN-aligned base and size): fresh on `stream`, or free to any
@@ -324,16 +322,16 @@ impl PoolCore {
         ptr: usize,
         bytes: usize,
     ) -> Result<Freed> {
-        let Some(n) = self.live.remove(&ptr) else {
+        let Some(n) = self.live.remove(&self.nodes, ptr) else {
             return Err(self.classify(name, ptr));
         };
         let node = self.nodes[n as usize];
-        if node.bytes != bytes {
-            self.live.insert(ptr, n);
+        if node.requested() != bytes {
+            self.live.insert(&self.nodes, ptr, n);
             return Err(Error::SizeMismatch {
                 resource: name,
                 ptr,
-                allocated: node.bytes,
+                allocated: node.requested(),
                 freed: bytes,
             });
         }
@@ -448,9 +446,10 @@ impl PoolCore {
             self.file(tail, bin);
         }
         let n = &mut self.nodes[live as usize];
+        debug_assert!(n.size == size && size - bytes < GRAIN);
         n.bin = LIVE;
-        n.bytes = bytes;
-        self.live.insert(start, live);
+        n.slack = (n.size - bytes) as u8;
+        self.live.insert(&self.nodes, start, live);
         self.in_use += size;
         NonNull::new(start as *mut u8).expect("chunk addresses are non-null")
     }
@@ -532,10 +531,10 @@ impl PoolCore {
         let node = Node {
             addr,
             size,
-            bytes: 0,
             phys,
             link: (NIL, NIL),
             bin: SPARE,
+            slack: 0,
         };
         match self.spare.pop() {
             Some(n) => {
@@ -610,7 +609,7 @@ impl PoolCore {
                     LIVE => {
                         live += 1;
                         used += n.size;
-                        if self.live.get(&n.addr) != Some(&at) {
+                        if self.live.get(&self.nodes, n.addr) != Some(at) {
                             return Err(format!("live block {:#x} not in the live map", n.addr));
                         }
                     }

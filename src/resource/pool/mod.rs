@@ -11,6 +11,7 @@
 //! pool. (A new stream that the driver gives a destroyed one's handle is taken for it.)
 
 pub(crate) mod core;
+mod live;
 mod tlsf;
 
 use std::fmt;
