@@ -128,6 +128,8 @@ mod tests {
             mr.allocate(s, usize::MAX, 8),
             Err(Error::SizeOverflow { .. })
         ));
+        // Miri aborts on an impossible allocation instead of returning null.
+        #[cfg(not(miri))]
         assert!(mr
             .allocate(s, isize::MAX as usize - 4096, 8)
             .unwrap_err()
