@@ -175,6 +175,37 @@ impl Warp for NvptxWarp {
     }
 }
 
+/// The collectives that neither the mask's constness nor the atomics' ordering changes: the
+/// variants below take them from [`NvptxWarp`].
+macro_rules! delegate_collectives {
+    () => {
+        #[inline(always)]
+        fn lane(&self) -> u32 {
+            NvptxWarp.lane()
+        }
+        #[inline(always)]
+        fn shfl(&self, mask: u32, v: u32, src: u32) -> u32 {
+            NvptxWarp.shfl(mask, v, src)
+        }
+        #[inline(always)]
+        fn match_any(&self, mask: u32, v: u64) -> u32 {
+            NvptxWarp.match_any(mask, v)
+        }
+        #[inline(always)]
+        fn match_all(&self, mask: u32, v: u64) -> bool {
+            NvptxWarp.match_all(mask, v)
+        }
+        #[inline(always)]
+        fn ballot(&self, mask: u32, pred: bool) -> u32 {
+            NvptxWarp.ballot(mask, pred)
+        }
+        #[inline(always)]
+        fn slot_hint(&self) -> u32 {
+            NvptxWarp.slot_hint()
+        }
+    };
+}
+
 /// [`NvptxWarp`] (or, with `FULL`, [`FullWarp`]) with relaxed bitmap atomics (`core`'s, which
 /// drop the ordering on nvptx): only for the benchmark that measures what the Acquire/Release
 /// orderings cost. Not a correct heap for blocks reused within one launch.
@@ -190,30 +221,7 @@ impl<const FULL: bool> Warp for RelaxedWarp<FULL> {
             NvptxWarp.active()
         }
     }
-    #[inline(always)]
-    fn lane(&self) -> u32 {
-        NvptxWarp.lane()
-    }
-    #[inline(always)]
-    fn shfl(&self, mask: u32, v: u32, src: u32) -> u32 {
-        NvptxWarp.shfl(mask, v, src)
-    }
-    #[inline(always)]
-    fn match_any(&self, mask: u32, v: u64) -> u32 {
-        NvptxWarp.match_any(mask, v)
-    }
-    #[inline(always)]
-    fn match_all(&self, mask: u32, v: u64) -> bool {
-        NvptxWarp.match_all(mask, v)
-    }
-    #[inline(always)]
-    fn ballot(&self, mask: u32, pred: bool) -> u32 {
-        NvptxWarp.ballot(mask, pred)
-    }
-    #[inline(always)]
-    fn slot_hint(&self) -> u32 {
-        NvptxWarp.slot_hint()
-    }
+    delegate_collectives!();
 }
 
 /// `a.fetch_add(v)`, relaxed, as one global-space `atom` (what `core`'s atomics give on nvptx,
@@ -242,30 +250,7 @@ impl Warp for FullWarp {
     fn active(&self) -> u32 {
         u32::MAX
     }
-    #[inline(always)]
-    fn lane(&self) -> u32 {
-        NvptxWarp.lane()
-    }
-    #[inline(always)]
-    fn shfl(&self, mask: u32, v: u32, src: u32) -> u32 {
-        NvptxWarp.shfl(mask, v, src)
-    }
-    #[inline(always)]
-    fn match_any(&self, mask: u32, v: u64) -> u32 {
-        NvptxWarp.match_any(mask, v)
-    }
-    #[inline(always)]
-    fn match_all(&self, mask: u32, v: u64) -> bool {
-        NvptxWarp.match_all(mask, v)
-    }
-    #[inline(always)]
-    fn ballot(&self, mask: u32, pred: bool) -> u32 {
-        NvptxWarp.ballot(mask, pred)
-    }
-    #[inline(always)]
-    fn slot_hint(&self) -> u32 {
-        NvptxWarp.slot_hint()
-    }
+    delegate_collectives!();
     #[inline(always)]
     fn fetch_or_acquire(&self, a: &AtomicU64, v: u64) -> u64 {
         NvptxWarp.fetch_or_acquire(a, v)
