@@ -133,6 +133,30 @@ pub struct RegionLayout {
     pub total: usize,
 }
 
+impl HeapHandle {
+    /// A slab handle for `capacity` blocks of `block_size` bytes laid out as `g`, with every
+    /// array address 0: the caller places the arrays (the host relocates them into a device
+    /// region; CPU tests point them at host arrays).
+    pub fn slab(g: SlabGeometry, capacity: u64, block_size: u64, flags: u32) -> HeapHandle {
+        HeapHandle {
+            magic: HEAP_MAGIC,
+            kind: KIND_SLAB,
+            block_size,
+            capacity,
+            nwords: g.nwords,
+            nshards: g.nshards,
+            shard_words_log2: g.shard_words_log2,
+            block_shift: if block_size.is_power_of_two() {
+                block_size.trailing_zeros()
+            } else {
+                u32::MAX
+            },
+            flags,
+            ..bytemuck::Zeroable::zeroed()
+        }
+    }
+}
+
 /// Slab geometry: the host's choice of shard size for `capacity` blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlabGeometry {

@@ -351,22 +351,7 @@ fn slab_plan(capacity: u64, block_size: u64, flags: u32) -> Result<(HeapHandle, 
     let g = layout::slab_geometry(capacity).ok_or_else(too_big)?;
     let region = layout::slab_layout(g, capacity, block_size, block_align(block_size))
         .ok_or_else(too_big)?;
-    let handle = HeapHandle {
-        magic: layout::HEAP_MAGIC,
-        kind: layout::KIND_SLAB,
-        block_size,
-        capacity,
-        nwords: g.nwords,
-        nshards: g.nshards,
-        shard_words_log2: g.shard_words_log2,
-        block_shift: if block_size.is_power_of_two() {
-            block_size.trailing_zeros()
-        } else {
-            u32::MAX
-        },
-        flags,
-        ..bytemuck::Zeroable::zeroed()
-    };
+    let handle = HeapHandle::slab(g, capacity, block_size, flags);
     Ok((handle, region))
 }
 

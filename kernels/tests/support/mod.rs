@@ -43,25 +43,12 @@ impl HostHeap {
             data,
         };
         *heap.handle = HeapHandle {
-            magic: HEAP_MAGIC,
-            kind: KIND_SLAB,
-            block_size,
-            capacity,
             data: heap.data.as_ptr() as u64,
             counters: heap.counters.as_ptr() as u64,
             shard_used: heap.used.as_ptr() as u64,
             shard_peak: heap.peak.as_ptr() as u64,
             words: heap.words.as_ptr() as u64,
-            nwords: g.nwords,
-            nshards: g.nshards,
-            shard_words_log2: g.shard_words_log2,
-            block_shift: if block_size.is_power_of_two() {
-                block_size.trailing_zeros()
-            } else {
-                u32::MAX
-            },
-            flags,
-            ..HeapHandle::zeroed_handle()
+            ..HeapHandle::slab(g, capacity, block_size, flags)
         };
         heap
     }
