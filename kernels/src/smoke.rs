@@ -11,6 +11,7 @@ mod tests {
     #[test]
     fn pattern_is_injective_on_a_prefix() {
         let mut seen = std::collections::HashSet::new();
-        assert!((0..100_000u32).all(|i| seen.insert(super::pattern(i))));
+        let n = if cfg!(miri) { 1_000 } else { 100_000 };
+        assert!((0..n).all(|i| seen.insert(super::pattern(i))));
     }
 }

@@ -170,6 +170,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri cannot dlopen libcuda")]
     fn device_only_memory_is_refused() {
         // Without a driver there is no device to build a cuda resource on: nothing to check.
         let Ok(cuda) = CudaMemoryResource::on(0) else {
