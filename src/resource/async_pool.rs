@@ -495,18 +495,15 @@ unsafe impl MemoryResource for AsyncMemoryResource {
         bytes: usize,
         _align: usize,
     ) -> Result<()> {
-        self.inner.ledger.remove(ptr, bytes)?;
-        let freed = self.inner.device.bind().and_then(|()| {
-            // SAFETY: the ledger confirmed the block is ours and live; the free is ordered on
-            // `stream`, valid by `StreamRef`'s contract.
-            unsafe { sys::cuMemFreeAsync(ptr.as_ptr() as sys::CUdeviceptr, stream.as_raw()) }
-                .result()
-                .map_err(|e| Error::driver("cuMemFreeAsync", e))
-        });
-        if freed.is_err() {
-            self.inner.ledger.restore(ptr, bytes);
-        }
-        freed
+        self.inner.ledger.release(ptr, bytes, || {
+            self.inner.device.bind().and_then(|()| {
+                // SAFETY: the ledger confirmed the block is ours and live; the free is ordered on
+                // `stream`, valid by `StreamRef`'s contract.
+                unsafe { sys::cuMemFreeAsync(ptr.as_ptr() as sys::CUdeviceptr, stream.as_raw()) }
+                    .result()
+                    .map_err(|e| Error::driver("cuMemFreeAsync", e))
+            })
+        })
     }
 
     fn properties(&self) -> Properties {

@@ -113,6 +113,19 @@ impl Ledger {
         Ok(())
     }
 
+    /// Takes `ptr` out of the ledger, then runs `free`; if `free` fails the block goes back, so
+    /// a failed driver call never loses it. Foreign pointers, double frees and size mismatches
+    /// are refused before `free` runs.
+    pub(crate) fn release(
+        &self,
+        ptr: NonNull<u8>,
+        bytes: usize,
+        free: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        self.remove(ptr, bytes)?;
+        free().inspect_err(|_| self.restore(ptr, bytes))
+    }
+
     /// Puts back a block that [`remove`](Self::remove) took out but the driver refused to free,
     /// so it is neither lost nor counted twice.
     pub(crate) fn restore(&self, ptr: NonNull<u8>, bytes: usize) {

@@ -126,18 +126,15 @@ unsafe impl MemoryResource for ManagedMemoryResource {
         bytes: usize,
         _align: usize,
     ) -> Result<()> {
-        self.inner.ledger.remove(ptr, bytes)?;
-        let freed = self.inner.device.bind().and_then(|()| {
-            // SAFETY: the ledger confirmed the block is ours and live. cuMemFree waits for the
-            // device, which subsumes the stream order.
-            unsafe { sys::cuMemFree_v2(ptr.as_ptr() as sys::CUdeviceptr) }
-                .result()
-                .map_err(|e| Error::driver("cuMemFree", e))
-        });
-        if freed.is_err() {
-            self.inner.ledger.restore(ptr, bytes);
-        }
-        freed
+        self.inner.ledger.release(ptr, bytes, || {
+            self.inner.device.bind().and_then(|()| {
+                // SAFETY: the ledger confirmed the block is ours and live. cuMemFree waits for the
+                // device, which subsumes the stream order.
+                unsafe { sys::cuMemFree_v2(ptr.as_ptr() as sys::CUdeviceptr) }
+                    .result()
+                    .map_err(|e| Error::driver("cuMemFree", e))
+            })
+        })
     }
 
     fn properties(&self) -> Properties {

@@ -152,21 +152,18 @@ unsafe impl MemoryResource for PinnedHostMemoryResource {
         bytes: usize,
         _align: usize,
     ) -> Result<()> {
-        self.inner.ledger.remove(ptr, bytes)?;
-        let freed = self.inner.device.bind().and_then(|()| {
-            // SAFETY: `StreamRef`'s contract keeps the stream valid. Waiting honours the stream
-            // order: work queued on it may still read or write the block.
-            unsafe { cudarc::driver::result::stream::synchronize(stream.as_raw()) }
-                .map_err(|e| Error::driver("cuStreamSynchronize", e))?;
-            // SAFETY: the ledger confirmed the block is ours and live, and its stream is idle.
-            unsafe { sys::cuMemFreeHost(ptr.as_ptr().cast::<c_void>()) }
-                .result()
-                .map_err(|e| Error::driver("cuMemFreeHost", e))
-        });
-        if freed.is_err() {
-            self.inner.ledger.restore(ptr, bytes);
-        }
-        freed
+        self.inner.ledger.release(ptr, bytes, || {
+            self.inner.device.bind().and_then(|()| {
+                // SAFETY: `StreamRef`'s contract keeps the stream valid. Waiting honours the stream
+                // order: work queued on it may still read or write the block.
+                unsafe { cudarc::driver::result::stream::synchronize(stream.as_raw()) }
+                    .map_err(|e| Error::driver("cuStreamSynchronize", e))?;
+                // SAFETY: the ledger confirmed the block is ours and live, and its stream is idle.
+                unsafe { sys::cuMemFreeHost(ptr.as_ptr().cast::<c_void>()) }
+                    .result()
+                    .map_err(|e| Error::driver("cuMemFreeHost", e))
+            })
+        })
     }
 
     fn properties(&self) -> Properties {
