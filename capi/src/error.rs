@@ -148,25 +148,25 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// Runs `f`, catching panics; on failure records the last error. Returns `Err` with the code.
-pub fn catch<T>(f: impl FnOnce() -> FfiResult<T>) -> Result<T, Code> {
+/// Runs `f`, catching panics; on failure records the last error and returns it.
+pub fn catch_error<T>(f: impl FnOnce() -> FfiResult<T>) -> Result<T, FfiError> {
     // The closure's captures are only read again after a panic through the error path, which
     // touches no state the panic could have left half-updated.
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => {
-            set_last_error(&e);
-            Err(e.code)
-        }
-        Err(payload) => {
-            let e = FfiError::new(
-                Code::Panic,
-                format!("carve panicked: {}", panic_message(&*payload)),
-            );
-            set_last_error(&e);
-            Err(Code::Panic)
-        }
-    }
+    let e = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => return Ok(v),
+        Ok(Err(e)) => e,
+        Err(payload) => FfiError::new(
+            Code::Panic,
+            format!("carve panicked: {}", panic_message(&*payload)),
+        ),
+    };
+    set_last_error(&e);
+    Err(e)
+}
+
+/// As [`catch_error`], keeping only the code.
+pub fn catch<T>(f: impl FnOnce() -> FfiResult<T>) -> Result<T, Code> {
+    catch_error(f).map_err(|e| e.code)
 }
 
 /// Runs `f` as the body of a C function returning an error code.
