@@ -138,7 +138,7 @@ class PoolResource(Resource):
     def __init__(
         self, upstream: Resource, initial_size: int = 0, maximum_size: Optional[int] = None
     ) -> None:
-        super().__init__(_carve.make_pool(upstream._r, initial_size, maximum_size), upstream)
+        super().__init__(_carve.make_pool(_as_raw(upstream), initial_size, maximum_size), upstream)
 
 
 class BinningResource(Resource):
@@ -147,7 +147,7 @@ class BinningResource(Resource):
     __slots__ = ()
 
     def __init__(self, upstream: Resource, min_exp: int = 8, max_exp: int = 22) -> None:
-        super().__init__(_carve.make_binning(upstream._r, min_exp, max_exp), upstream)
+        super().__init__(_carve.make_binning(_as_raw(upstream), min_exp, max_exp), upstream)
 
 
 class ArenaResource(Resource):
@@ -162,7 +162,7 @@ class ArenaResource(Resource):
         arenas: int = 0,
         maximum_size: Optional[int] = None,
     ) -> None:
-        raw = _carve.make_arena(upstream._r, superblock_size, arenas, maximum_size)
+        raw = _carve.make_arena(_as_raw(upstream), superblock_size, arenas, maximum_size)
         super().__init__(raw, upstream)
 
 
@@ -172,7 +172,7 @@ class FixedSizeResource(Resource):
     __slots__ = ()
 
     def __init__(self, upstream: Resource, block_size: int, blocks_per_refill: int = 0) -> None:
-        raw = _carve.make_fixed_size(upstream._r, block_size, blocks_per_refill)
+        raw = _carve.make_fixed_size(_as_raw(upstream), block_size, blocks_per_refill)
         super().__init__(raw, upstream)
 
 
@@ -182,7 +182,7 @@ class LimitingAdaptor(Resource):
     __slots__ = ()
 
     def __init__(self, upstream: Resource, limit: int) -> None:
-        super().__init__(_carve.make_limiting(upstream._r, limit), upstream)
+        super().__init__(_carve.make_limiting(_as_raw(upstream), limit), upstream)
 
 
 class StatisticsAdaptor(Resource):
@@ -191,7 +191,7 @@ class StatisticsAdaptor(Resource):
     __slots__ = ()
 
     def __init__(self, upstream: Resource) -> None:
-        super().__init__(_carve.make_statistics(upstream._r), upstream)
+        super().__init__(_carve.make_statistics(_as_raw(upstream)), upstream)
 
 
 class TrackingAdaptor(Resource):
@@ -200,7 +200,7 @@ class TrackingAdaptor(Resource):
     __slots__ = ()
 
     def __init__(self, upstream: Resource, capture_backtraces: bool = False) -> None:
-        super().__init__(_carve.make_tracking(upstream._r, capture_backtraces), upstream)
+        super().__init__(_carve.make_tracking(_as_raw(upstream), capture_backtraces), upstream)
 
 
 class LoggingAdaptor(Resource):
@@ -211,7 +211,7 @@ class LoggingAdaptor(Resource):
     def __init__(
         self, upstream: Resource, path: Union[str, "os.PathLike[str]"], auto_flush: bool = False
     ) -> None:
-        super().__init__(_carve.make_logging(upstream._r, os.fspath(path), auto_flush), upstream)
+        super().__init__(_carve.make_logging(_as_raw(upstream), os.fspath(path), auto_flush), upstream)
 
 
 _current: Dict[int, Resource] = {}
