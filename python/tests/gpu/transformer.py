@@ -26,19 +26,28 @@ def make_model(seed=0, device="cuda"):
     return TinyLM().to(device)
 
 
+def make_optimizer(model):
+    return torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def batches(shapes, seed=1, device="cuda"):
+    """Token batches of the given (batch, sequence) shapes, from a seeded generator."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for batch, seq in shapes:
+        yield torch.randint(0, VOCAB, (batch, seq), device=device, generator=gen)
+
+
+def step(model, opt, tokens):
+    """One training step (next-token loss); returns the loss tensor."""
+    logits = model(tokens[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def train(model, shapes, seed=1, device="cuda"):
     """Trains one step per shape; returns the losses (floats)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    losses = []
-    for batch, seq in shapes:
-        tokens = torch.randint(0, VOCAB, (batch, seq), device=device, generator=gen)
-        logits = model(tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1)
-        )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.item()))
-    return losses
+    opt = make_optimizer(model)
+    return [float(step(model, opt, t).item()) for t in batches(shapes, seed, device)]
