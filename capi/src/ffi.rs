@@ -63,10 +63,7 @@ fn check_out<T>(out: *mut T) -> FfiResult<()> {
 }
 
 /// Registers `make()`'s entry and writes its handle to `out` (checked before anything is built).
-fn create(
-    out: *mut carve_resource_t,
-    make: impl FnOnce() -> FfiResult<Arc<Entry>>,
-) -> c_int {
+fn create(out: *mut carve_resource_t, make: impl FnOnce() -> FfiResult<Arc<Entry>>) -> c_int {
     guard(|| {
         check_out(out)?;
         let h = registry::insert(make()?)?;
@@ -349,7 +346,9 @@ pub unsafe extern "C" fn carve_resource_stats(
     guard(|| {
         check_out(count)?;
         if out.is_null() && capacity != 0 {
-            return Err(FfiError::invalid("null statistics array with a non-zero capacity"));
+            return Err(FfiError::invalid(
+                "null statistics array with a non-zero capacity",
+            ));
         }
         let all = stats::of(&*entry(r)?)?;
         for (i, (name, value)) in all.iter().take(capacity).enumerate() {
@@ -372,7 +371,10 @@ pub unsafe extern "C" fn carve_resource_stats(
 /// # Safety
 /// `released` must be null or writable.
 #[no_mangle]
-pub unsafe extern "C" fn carve_resource_release(r: carve_resource_t, released: *mut usize) -> c_int {
+pub unsafe extern "C" fn carve_resource_release(
+    r: carve_resource_t,
+    released: *mut usize,
+) -> c_int {
     guard(|| {
         let n = make::release(&*entry(r)?)?;
         if !released.is_null() {

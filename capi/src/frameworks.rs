@@ -159,9 +159,9 @@ fn torch_bytes(device: usize) -> &'static AtomicUsize {
 /// Binds slot `slot` to `entry` (None: unbinds). Blocks already handed out keep freeing
 /// through the resource that allocated them.
 pub fn bind_torch_slot(slot: usize, entry: Option<Arc<Entry>>) -> FfiResult<()> {
-    let s = TORCH_SLOT
-        .get(slot)
-        .ok_or_else(|| FfiError::invalid(format!("torch slot {slot} is not in 0..{TORCH_SLOTS}")))?;
+    let s = TORCH_SLOT.get(slot).ok_or_else(|| {
+        FfiError::invalid(format!("torch slot {slot} is not in 0..{TORCH_SLOTS}"))
+    })?;
     *s.write().unwrap_or_else(PoisonError::into_inner) = entry;
     Ok(())
 }
@@ -203,7 +203,10 @@ fn torch_alloc(slot: Option<usize>, size: isize, dev: c_int, stream: *mut c_void
         let entry = match slot {
             None => current::get(device)?,
             Some(s) => torch_slot(s).ok_or_else(|| {
-                FfiError::new(Code::InvalidHandle, format!("torch slot {s} has no resource bound"))
+                FfiError::new(
+                    Code::InvalidHandle,
+                    format!("torch slot {s} has no resource bound"),
+                )
             })?,
         };
         alloc_recorded(entry, size, stream_of(stream), device, true)
@@ -217,13 +220,22 @@ fn torch_free(ptr: *mut c_void, stream: *mut c_void) {
 
 /// PyTorch `alloc`: from the current carve resource of `device`.
 #[no_mangle]
-pub extern "C" fn carve_torch_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
+pub extern "C" fn carve_torch_alloc(
+    size: isize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
     torch_alloc(None, size, device, stream)
 }
 
 /// PyTorch `free` (any carve torch allocation, whichever slot made it).
 #[no_mangle]
-pub extern "C" fn carve_torch_free(ptr: *mut c_void, _size: isize, _device: c_int, stream: *mut c_void) {
+pub extern "C" fn carve_torch_free(
+    ptr: *mut c_void,
+    _size: isize,
+    _device: c_int,
+    stream: *mut c_void,
+) {
     torch_free(ptr, stream)
 }
 
@@ -257,7 +269,8 @@ torch_slots!(
 #[no_mangle]
 pub extern "C" fn carve_torch_bind_slot(slot: c_int, r: carve_resource_t) -> c_int {
     crate::error::guard(|| {
-        let slot = usize::try_from(slot).map_err(|_| FfiError::invalid(format!("torch slot {slot}")))?;
+        let slot =
+            usize::try_from(slot).map_err(|_| FfiError::invalid(format!("torch slot {slot}")))?;
         let entry = if r.is_null() {
             None
         } else {

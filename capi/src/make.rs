@@ -10,9 +10,8 @@ use carve::adaptor::{
 use carve::resource::{ArenaOptions, FixedSizeOptions, PoolOptions};
 use carve::{
     ArenaMemoryResource, AsyncMemoryResource, AsyncPoolOptions, BinningMemoryResource,
-    CudaMemoryResource, Device, FixedSizeMemoryResource, HostMemoryResource,
-    ManagedMemoryResource, PinnedFlags, PinnedHostMemoryResource, PoolMemoryResource,
-    SharedResource,
+    CudaMemoryResource, Device, FixedSizeMemoryResource, HostMemoryResource, ManagedMemoryResource,
+    PinnedFlags, PinnedHostMemoryResource, PoolMemoryResource, SharedResource,
 };
 
 use crate::error::{FfiError, FfiResult};
@@ -38,13 +37,19 @@ pub fn cuda(device: usize) -> FfiResult<Arc<Entry>> {
 /// Managed memory (`cuMemAllocManaged`) on device `device`.
 pub fn managed(device: usize) -> FfiResult<Arc<Entry>> {
     let r = ManagedMemoryResource::on(device)?;
-    Ok(Entry::new("managed", Arc::new(r.clone()), Typed::Managed(r)))
+    Ok(Entry::new(
+        "managed",
+        Arc::new(r.clone()),
+        Typed::Managed(r),
+    ))
 }
 
 /// Pinned host memory; `flags` is a mask of the `PINNED_*` bits.
 pub fn pinned(device: usize, flags: u32) -> FfiResult<Arc<Entry>> {
     if flags & !(PINNED_PORTABLE | PINNED_DEVICE_MAPPED | PINNED_WRITE_COMBINED) != 0 {
-        return Err(FfiError::invalid(format!("unknown pinned flags {flags:#x}")));
+        return Err(FfiError::invalid(format!(
+            "unknown pinned flags {flags:#x}"
+        )));
     }
     let f = PinnedFlags {
         portable: flags & PINNED_PORTABLE != 0,
@@ -121,7 +126,11 @@ pub fn fixed_size(
         options = options.blocks_per_refill(blocks_per_refill);
     }
     let r = FixedSizeMemoryResource::new(up(upstream), options)?;
-    Ok(Entry::new("fixed_size", Arc::new(r.clone()), Typed::FixedSize(r)))
+    Ok(Entry::new(
+        "fixed_size",
+        Arc::new(r.clone()),
+        Typed::FixedSize(r),
+    ))
 }
 
 /// Refuses requests once `limit` bytes are live.
@@ -148,7 +157,11 @@ pub fn logging(upstream: &Entry, path: &str, auto_flush: bool) -> FfiResult<Arc<
         return Err(FfiError::invalid("the logging adaptor needs a file path"));
     }
     let r = LoggingResourceAdaptor::to_file(up(upstream), path, auto_flush)?;
-    Ok(Entry::new("logging", Arc::new(r.clone()), Typed::Logging(r)))
+    Ok(Entry::new(
+        "logging",
+        Arc::new(r.clone()),
+        Typed::Logging(r),
+    ))
 }
 
 /// Returns what `entry` holds and does not use to its upstream (pool, arena: empty chunks;

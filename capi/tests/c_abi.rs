@@ -38,7 +38,10 @@ fn alloc(r: carve_resource_t, bytes: usize, align: usize) -> (i32, *mut c_void) 
 fn stats(r: carve_resource_t) -> Vec<(String, f64)> {
     let mut n = 0;
     // SAFETY: asking for the count only.
-    assert_eq!(unsafe { carve_resource_stats(r, ptr::null_mut(), 0, &mut n) }, OK);
+    assert_eq!(
+        unsafe { carve_resource_stats(r, ptr::null_mut(), 0, &mut n) },
+        OK
+    );
     let mut v = vec![
         carve_stat_t {
             name: ptr::null(),
@@ -47,10 +50,20 @@ fn stats(r: carve_resource_t) -> Vec<(String, f64)> {
         n
     ];
     // SAFETY: `v` has `n` entries.
-    assert_eq!(unsafe { carve_resource_stats(r, v.as_mut_ptr(), n, &mut n) }, OK);
+    assert_eq!(
+        unsafe { carve_resource_stats(r, v.as_mut_ptr(), n, &mut n) },
+        OK
+    );
     v.iter()
         // SAFETY: names are static C strings.
-        .map(|s| (unsafe { CStr::from_ptr(s.name) }.to_string_lossy().into_owned(), s.value))
+        .map(|s| {
+            (
+                unsafe { CStr::from_ptr(s.name) }
+                    .to_string_lossy()
+                    .into_owned(),
+                s.value,
+            )
+        })
         .collect()
 }
 
@@ -79,13 +92,25 @@ fn null_destroyed_and_forged_handles_are_errors() {
     assert_eq!(freed, INVALID_HANDLE);
     let mut n = 0;
     // SAFETY: count is writable.
-    assert_eq!(unsafe { carve_resource_stats(h, ptr::null_mut(), 0, &mut n) }, INVALID_HANDLE);
+    assert_eq!(
+        unsafe { carve_resource_stats(h, ptr::null_mut(), 0, &mut n) },
+        INVALID_HANDLE
+    );
     let mut out = ptr::null_mut();
-    assert_eq!(carve_pool_resource_create(h, 0, SIZE_NONE, &mut out), INVALID_HANDLE);
+    assert_eq!(
+        carve_pool_resource_create(h, 0, SIZE_NONE, &mut out),
+        INVALID_HANDLE
+    );
     assert!(out.is_null());
     assert!(carve_resource_kind(h).is_null());
-    assert_eq!(alloc(0xdead_beef_usize as carve_resource_t, 64, 256).0, INVALID_HANDLE);
-    assert_eq!(alloc(usize::MAX as carve_resource_t, 64, 256).0, INVALID_HANDLE);
+    assert_eq!(
+        alloc(0xdead_beef_usize as carve_resource_t, 64, 256).0,
+        INVALID_HANDLE
+    );
+    assert_eq!(
+        alloc(usize::MAX as carve_resource_t, 64, 256).0,
+        INVALID_HANDLE
+    );
 }
 
 #[test]
@@ -100,13 +125,25 @@ fn bad_sizes_alignments_and_outputs_are_errors() {
     // SAFETY: null output on purpose; refused before anything is allocated.
     let code = unsafe { carve_allocate(h, 64, 256, ptr::null_mut(), ptr::null_mut()) };
     assert_eq!(code, INVALID_ARGUMENT);
-    assert_eq!(carve_host_resource_create(ptr::null_mut()), INVALID_ARGUMENT);
+    assert_eq!(
+        carve_host_resource_create(ptr::null_mut()),
+        INVALID_ARGUMENT
+    );
     let mut n = 0;
     // SAFETY: null array with a capacity on purpose.
-    assert_eq!(unsafe { carve_resource_stats(h, ptr::null_mut(), 4, &mut n) }, INVALID_ARGUMENT);
+    assert_eq!(
+        unsafe { carve_resource_stats(h, ptr::null_mut(), 4, &mut n) },
+        INVALID_ARGUMENT
+    );
     let mut out = ptr::null_mut();
-    assert_eq!(carve_binning_resource_create(h, 12, 3, &mut out), INVALID_ARGUMENT);
-    assert_eq!(carve_pinned_resource_create(0, 0x80, &mut out), INVALID_ARGUMENT);
+    assert_eq!(
+        carve_binning_resource_create(h, 12, 3, &mut out),
+        INVALID_ARGUMENT
+    );
+    assert_eq!(
+        carve_pinned_resource_create(0, 0x80, &mut out),
+        INVALID_ARGUMENT
+    );
     assert_eq!(carve_resource_destroy(h), OK);
 }
 
@@ -118,11 +155,20 @@ fn foreign_double_and_mismatched_frees_are_refused_and_leave_the_resource_intact
     let mut local = 0u64;
     // SAFETY: foreign pointer on purpose; the host resource refuses it untouched.
     let foreign = unsafe {
-        carve_deallocate(h, (&mut local as *mut u64).cast(), 100, 256, ptr::null_mut())
+        carve_deallocate(
+            h,
+            (&mut local as *mut u64).cast(),
+            100,
+            256,
+            ptr::null_mut(),
+        )
     };
     assert_eq!(foreign, BAD_POINTER);
     // SAFETY: wrong size on purpose; refused.
-    assert_eq!(unsafe { carve_deallocate(h, p, 50, 256, ptr::null_mut()) }, BAD_POINTER);
+    assert_eq!(
+        unsafe { carve_deallocate(h, p, 50, 256, ptr::null_mut()) },
+        BAD_POINTER
+    );
     assert!(last().contains("allocated as 100 bytes"), "{}", last());
     // SAFETY: null pointer on purpose.
     assert_eq!(
@@ -131,9 +177,15 @@ fn foreign_double_and_mismatched_frees_are_refused_and_leave_the_resource_intact
     );
     assert_eq!(stat(h, "allocation_count"), 1.0);
     // SAFETY: the block's one correct free.
-    assert_eq!(unsafe { carve_deallocate(h, p, 100, 256, ptr::null_mut()) }, OK);
+    assert_eq!(
+        unsafe { carve_deallocate(h, p, 100, 256, ptr::null_mut()) },
+        OK
+    );
     // SAFETY: a double free on purpose; refused.
-    assert_eq!(unsafe { carve_deallocate(h, p, 100, 256, ptr::null_mut()) }, BAD_POINTER);
+    assert_eq!(
+        unsafe { carve_deallocate(h, p, 100, 256, ptr::null_mut()) },
+        BAD_POINTER
+    );
     assert_eq!(stat(h, "allocation_count"), 0.0);
     assert_eq!(carve_resource_destroy(h), OK);
 }
@@ -142,16 +194,25 @@ fn foreign_double_and_mismatched_frees_are_refused_and_leave_the_resource_intact
 fn adaptors_compose_and_outlive_their_upstream_handles() {
     let h = host();
     let mut pool = ptr::null_mut();
-    assert_eq!(carve_pool_resource_create(h, 1 << 20, 4 << 20, &mut pool), OK);
+    assert_eq!(
+        carve_pool_resource_create(h, 1 << 20, 4 << 20, &mut pool),
+        OK
+    );
     let mut limited = ptr::null_mut();
-    assert_eq!(carve_limiting_adaptor_create(pool, 1 << 20, &mut limited), OK);
+    assert_eq!(
+        carve_limiting_adaptor_create(pool, 1 << 20, &mut limited),
+        OK
+    );
     let mut st = ptr::null_mut();
     assert_eq!(carve_statistics_adaptor_create(limited, &mut st), OK);
     // Destroying the inner handles keeps the stack alive (the adaptor holds them).
     assert_eq!(carve_resource_destroy(h), OK);
     assert_eq!(carve_resource_destroy(limited), OK);
     // SAFETY: static string.
-    assert_eq!(unsafe { CStr::from_ptr(carve_resource_kind(st)) }, c"statistics");
+    assert_eq!(
+        unsafe { CStr::from_ptr(carve_resource_kind(st)) },
+        c"statistics"
+    );
 
     let (c1, a) = alloc(st, 4096, 256);
     let (c2, b) = alloc(st, 8192, 256);
@@ -176,7 +237,10 @@ fn adaptors_compose_and_outlive_their_upstream_handles() {
     // SAFETY: `released` is writable.
     assert_eq!(unsafe { carve_resource_release(pool, &mut released) }, OK);
     // SAFETY: statistics adaptors hold nothing to release.
-    assert_eq!(unsafe { carve_resource_release(st, ptr::null_mut()) }, UNSUPPORTED);
+    assert_eq!(
+        unsafe { carve_resource_release(st, ptr::null_mut()) },
+        UNSUPPORTED
+    );
     assert_eq!(carve_resource_destroy(st), OK);
     assert_eq!(carve_resource_destroy(pool), OK);
 }
@@ -194,14 +258,20 @@ fn every_suballocator_and_adaptor_builds_over_host_memory() {
     made.push(out);
     assert_eq!(carve_binning_resource_create(h, 8, 12, &mut out), OK);
     made.push(out);
-    assert_eq!(carve_arena_resource_create(h, 1 << 20, 2, SIZE_NONE, &mut out), OK);
+    assert_eq!(
+        carve_arena_resource_create(h, 1 << 20, 2, SIZE_NONE, &mut out),
+        OK
+    );
     made.push(out);
     assert_eq!(carve_fixed_size_resource_create(h, 4096, 4, &mut out), OK);
     made.push(out);
     assert_eq!(carve_tracking_adaptor_create(h, 0, &mut out), OK);
     made.push(out);
     // SAFETY: a NUL-terminated path.
-    assert_eq!(unsafe { carve_logging_adaptor_create(h, log_c.as_ptr(), 1, &mut out) }, OK);
+    assert_eq!(
+        unsafe { carve_logging_adaptor_create(h, log_c.as_ptr(), 1, &mut out) },
+        OK
+    );
     made.push(out);
     for &r in &made {
         let (code, p) = alloc(r, 1000, 256);
@@ -209,7 +279,10 @@ fn every_suballocator_and_adaptor_builds_over_host_memory() {
         // SAFETY: 1000 bytes of host memory just allocated.
         unsafe { p.cast::<u8>().write_bytes(0x5A, 1000) };
         // SAFETY: the block's one free.
-        assert_eq!(unsafe { carve_deallocate(r, p, 1000, 256, ptr::null_mut()) }, OK);
+        assert_eq!(
+            unsafe { carve_deallocate(r, p, 1000, 256, ptr::null_mut()) },
+            OK
+        );
         assert_eq!(carve_resource_destroy(r), OK);
     }
     let text = std::fs::read_to_string(&log).unwrap();
@@ -222,7 +295,10 @@ fn every_suballocator_and_adaptor_builds_over_host_memory() {
     );
     let bad = c"/nonexistent-dir-carve/x.csv";
     // SAFETY: a NUL-terminated path.
-    assert_eq!(unsafe { carve_logging_adaptor_create(h, bad.as_ptr(), 0, &mut out) }, IO);
+    assert_eq!(
+        unsafe { carve_logging_adaptor_create(h, bad.as_ptr(), 0, &mut out) },
+        IO
+    );
     assert_eq!(carve_resource_destroy(h), OK);
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -248,15 +324,28 @@ fn device_resources_and_the_current_resource_need_a_device() {
     }
     let mut out = ptr::null_mut();
     assert_eq!(carve_cuda_resource_create(0, &mut out), NO_DEVICE);
-    assert!(last().contains("CUDA driver") || last().contains("device"), "{}", last());
+    assert!(
+        last().contains("CUDA driver") || last().contains("device"),
+        "{}",
+        last()
+    );
     assert_eq!(carve_managed_resource_create(0, &mut out), NO_DEVICE);
-    assert_eq!(carve_async_resource_create(0, 0, SIZE_NONE, SIZE_NONE, &mut out), NO_DEVICE);
+    assert_eq!(
+        carve_async_resource_create(0, 0, SIZE_NONE, SIZE_NONE, &mut out),
+        NO_DEVICE
+    );
     assert_eq!(carve_cuda_resource_create(-1, &mut out), NO_DEVICE);
     // SAFETY: `out` is writable.
-    assert_eq!(unsafe { carve_get_current_resource(0, &mut out) }, NO_DEVICE);
+    assert_eq!(
+        unsafe { carve_get_current_resource(0, &mut out) },
+        NO_DEVICE
+    );
     let h = host();
     // SAFETY: `previous` may be null.
-    assert_eq!(unsafe { carve_set_current_resource(0, h, ptr::null_mut()) }, NO_DEVICE);
+    assert_eq!(
+        unsafe { carve_set_current_resource(0, h, ptr::null_mut()) },
+        NO_DEVICE
+    );
     assert!(out.is_null());
     // Framework symbols fail soft: null, and the last error says why.
     assert!(carve_torch_alloc(64, 0, ptr::null_mut()).is_null());
@@ -332,7 +421,11 @@ fn onnx_runtime_symbols_use_the_bound_resource() {
     carve_ort_free(p);
     assert_eq!(stat(pool, "bytes_in_use"), 0.0);
     carve_ort_empty_cache();
-    assert_eq!(stat(pool, "pool_size"), 0.0, "empty_cache released the pool's chunks");
+    assert_eq!(
+        stat(pool, "pool_size"),
+        0.0,
+        "empty_cache released the pool's chunks"
+    );
     assert!(carve_ort_alloc(0).is_null());
     assert_eq!(carve_ort_set_resource(ptr::null_mut()), OK);
     carve_resource_destroy(pool);
@@ -344,11 +437,16 @@ fn error_names_and_a_fresh_threads_last_error() {
     // SAFETY: static strings.
     unsafe {
         assert_eq!(CStr::from_ptr(carve_error_name(0)), c"CARVE_OK");
-        assert_eq!(CStr::from_ptr(carve_error_name(3)), c"CARVE_ERROR_OUT_OF_MEMORY");
+        assert_eq!(
+            CStr::from_ptr(carve_error_name(3)),
+            c"CARVE_ERROR_OUT_OF_MEMORY"
+        );
         assert_eq!(CStr::from_ptr(carve_error_name(9)), c"CARVE_ERROR_PANIC");
         assert_eq!(CStr::from_ptr(carve_error_name(-7)), c"CARVE_ERROR_UNKNOWN");
     }
-    std::thread::spawn(|| assert_eq!(last(), "")).join().unwrap();
+    std::thread::spawn(|| assert_eq!(last(), ""))
+        .join()
+        .unwrap();
 }
 
 #[test]
@@ -373,7 +471,9 @@ fn c_program_links_and_checks_error_paths() {
         eprintln!("SKIPPED: {} was not built", lib.display());
         return;
     }
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap();
     let out = std::env::temp_dir().join(format!("carve-c-abi-{}", std::process::id()));
     let status = std::process::Command::new(gcc)
         .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-o"])
@@ -389,7 +489,11 @@ fn c_program_links_and_checks_error_paths() {
     let run = std::process::Command::new(&out).output().unwrap();
     std::fs::remove_file(&out).ok();
     let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(run.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&run.stderr));
+    assert!(
+        run.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     assert!(stdout.contains("all C checks passed"), "{stdout}");
 }
 

@@ -59,7 +59,6 @@ pub struct DeviceBuffer {
     resource: Py<PyAny>,
 }
 
-
 #[pymethods]
 impl DeviceBuffer {
     #[new]
@@ -187,7 +186,9 @@ impl DeviceBuffer {
             }
         }
         if copy == Some(true) {
-            return Err(PyBufferError::new_err("__dlpack__: carve buffers are shared, not copied"));
+            return Err(PyBufferError::new_err(
+                "__dlpack__: carve buffers are shared, not copied",
+            ));
         }
         if dev_type != KDL_CPU {
             self.order_for(stream)?;
@@ -382,7 +383,11 @@ mod dlpack {
                 dl_tensor: tensor,
             }));
             // SAFETY: frees `t` only on the error path below, where nothing else owns it.
-            (t.cast(), NAME_V1, Box::new(move || unsafe { deleter_v1(t) }))
+            (
+                t.cast(),
+                NAME_V1,
+                Box::new(move || unsafe { deleter_v1(t) }),
+            )
         } else {
             let t = Box::into_raw(Box::new(DLManagedTensor {
                 dl_tensor: tensor,

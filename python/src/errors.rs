@@ -2,8 +2,8 @@
 //! multiple inheritance, e.g. `OutOfMemoryError(CarveError, MemoryError)`).
 
 use carve_capi::{Code, FfiError};
-use pyo3::prelude::*;
 use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
 
 fn class_name(code: Code) -> &'static str {
     match code {

@@ -27,18 +27,27 @@ impl DeviceHeap {
     }
 }
 
-
 #[pymethods]
 impl DeviceHeap {
     /// A slab of `capacity` blocks of `block_size` bytes (a multiple of 16) from `resource`,
     /// ordered on `device`'s default stream.
     #[staticmethod]
     #[pyo3(signature = (resource, capacity, block_size, *, device = 0))]
-    fn slab(resource: &Bound<'_, PyAny>, capacity: u64, block_size: u64, device: usize) -> PyResult<Self> {
+    fn slab(
+        resource: &Bound<'_, PyAny>,
+        capacity: u64,
+        block_size: u64,
+        device: usize,
+    ) -> PyResult<Self> {
         let r = resource_of(resource)?.entry.resource.clone();
         let heap = guarded(|| {
             let dev = Device::get(device)?;
-            Ok(carve::DeviceHeap::slab(r, &dev.default_stream(), capacity, block_size)?)
+            Ok(carve::DeviceHeap::slab(
+                r,
+                &dev.default_stream(),
+                capacity,
+                block_size,
+            )?)
         })?;
         let address = heap.device_ptr();
         Ok(DeviceHeap {

@@ -95,13 +95,34 @@ fn last_error() -> String {
 #[pyfunction]
 fn function_addresses(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("carve_cupy_malloc", frameworks::carve_cupy_malloc as *const () as usize)?;
-    d.set_item("carve_cupy_free", frameworks::carve_cupy_free as *const () as usize)?;
-    d.set_item("carve_ort_alloc", frameworks::carve_ort_alloc as *const () as usize)?;
-    d.set_item("carve_ort_free", frameworks::carve_ort_free as *const () as usize)?;
-    d.set_item("carve_ort_empty_cache", frameworks::carve_ort_empty_cache as *const () as usize)?;
-    d.set_item("carve_torch_alloc", frameworks::carve_torch_alloc as *const () as usize)?;
-    d.set_item("carve_torch_free", frameworks::carve_torch_free as *const () as usize)?;
+    d.set_item(
+        "carve_cupy_malloc",
+        frameworks::carve_cupy_malloc as *const () as usize,
+    )?;
+    d.set_item(
+        "carve_cupy_free",
+        frameworks::carve_cupy_free as *const () as usize,
+    )?;
+    d.set_item(
+        "carve_ort_alloc",
+        frameworks::carve_ort_alloc as *const () as usize,
+    )?;
+    d.set_item(
+        "carve_ort_free",
+        frameworks::carve_ort_free as *const () as usize,
+    )?;
+    d.set_item(
+        "carve_ort_empty_cache",
+        frameworks::carve_ort_empty_cache as *const () as usize,
+    )?;
+    d.set_item(
+        "carve_torch_alloc",
+        frameworks::carve_torch_alloc as *const () as usize,
+    )?;
+    d.set_item(
+        "carve_torch_free",
+        frameworks::carve_torch_free as *const () as usize,
+    )?;
     Ok(d)
 }
 

@@ -96,10 +96,19 @@ impl Resource {
     /// Frees a block from `allocate(nbytes, alignment)`, ordered on `stream`. Resources that
     /// track their blocks refuse foreign pointers and double frees (`BadPointerError`).
     #[pyo3(signature = (ptr, nbytes, alignment = 256, stream = 0))]
-    fn deallocate(&self, ptr: usize, nbytes: usize, alignment: usize, stream: usize) -> PyResult<()> {
+    fn deallocate(
+        &self,
+        ptr: usize,
+        nbytes: usize,
+        alignment: usize,
+        stream: usize,
+    ) -> PyResult<()> {
         guarded(|| {
             let p = NonNull::new(ptr as *mut u8).ok_or_else(|| {
-                FfiError::new(carve_capi::Code::BadPointer, "null pointer passed to deallocate")
+                FfiError::new(
+                    carve_capi::Code::BadPointer,
+                    "null pointer passed to deallocate",
+                )
             })?;
             // SAFETY: the Python API promises what the trait asks: `ptr` came from
             // `allocate(nbytes, alignment)` here and is not used afterwards. Resources that can
@@ -189,7 +198,12 @@ fn make_async(
     release_threshold: Option<usize>,
     hard_limit: Option<usize>,
 ) -> PyResult<Resource> {
-    made(make::async_pool(device, initial_size, release_threshold, hard_limit))
+    made(make::async_pool(
+        device,
+        initial_size,
+        release_threshold,
+        hard_limit,
+    ))
 }
 
 /// Pageable host memory.
@@ -201,7 +215,11 @@ fn make_host() -> PyResult<Resource> {
 /// A coalescing pool.
 #[pyfunction]
 #[pyo3(signature = (upstream, initial_size = 0, maximum_size = None))]
-fn make_pool(upstream: &Resource, initial_size: usize, maximum_size: Option<usize>) -> PyResult<Resource> {
+fn make_pool(
+    upstream: &Resource,
+    initial_size: usize,
+    maximum_size: Option<usize>,
+) -> PyResult<Resource> {
     made(make::pool(&upstream.entry, initial_size, maximum_size))
 }
 
@@ -220,14 +238,27 @@ fn make_arena(
     arenas: usize,
     maximum_size: Option<usize>,
 ) -> PyResult<Resource> {
-    made(make::arena(&upstream.entry, superblock_size, arenas, maximum_size))
+    made(make::arena(
+        &upstream.entry,
+        superblock_size,
+        arenas,
+        maximum_size,
+    ))
 }
 
 /// Fixed-size blocks.
 #[pyfunction]
 #[pyo3(signature = (upstream, block_size, blocks_per_refill = 0))]
-fn make_fixed_size(upstream: &Resource, block_size: usize, blocks_per_refill: u32) -> PyResult<Resource> {
-    made(make::fixed_size(&upstream.entry, block_size, blocks_per_refill))
+fn make_fixed_size(
+    upstream: &Resource,
+    block_size: usize,
+    blocks_per_refill: u32,
+) -> PyResult<Resource> {
+    made(make::fixed_size(
+        &upstream.entry,
+        block_size,
+        blocks_per_refill,
+    ))
 }
 
 /// A byte limit.
