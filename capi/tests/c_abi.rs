@@ -37,8 +37,8 @@ fn alloc(r: carve_resource_t, bytes: usize, align: usize) -> (i32, *mut c_void) 
 
 fn stats(r: carve_resource_t) -> Vec<(String, f64)> {
     let mut n = 0;
-    // SAFETY: asking for the count only.
     assert_eq!(
+        // SAFETY: asking for the count only.
         unsafe { carve_resource_stats(r, ptr::null_mut(), 0, &mut n) },
         OK
     );
@@ -49,15 +49,15 @@ fn stats(r: carve_resource_t) -> Vec<(String, f64)> {
         };
         n
     ];
-    // SAFETY: `v` has `n` entries.
     assert_eq!(
+        // SAFETY: `v` has `n` entries.
         unsafe { carve_resource_stats(r, v.as_mut_ptr(), n, &mut n) },
         OK
     );
     v.iter()
-        // SAFETY: names are static C strings.
         .map(|s| {
             (
+                // SAFETY: names are static C strings.
                 unsafe { CStr::from_ptr(s.name) }
                     .to_string_lossy()
                     .into_owned(),
@@ -91,8 +91,8 @@ fn null_destroyed_and_forged_handles_are_errors() {
     let freed = unsafe { carve_deallocate(h, 0x1000 as *mut c_void, 64, 256, ptr::null_mut()) };
     assert_eq!(freed, INVALID_HANDLE);
     let mut n = 0;
-    // SAFETY: count is writable.
     assert_eq!(
+        // SAFETY: count is writable.
         unsafe { carve_resource_stats(h, ptr::null_mut(), 0, &mut n) },
         INVALID_HANDLE
     );
@@ -130,8 +130,8 @@ fn bad_sizes_alignments_and_outputs_are_errors() {
         INVALID_ARGUMENT
     );
     let mut n = 0;
-    // SAFETY: null array with a capacity on purpose.
     assert_eq!(
+        // SAFETY: null array with a capacity on purpose.
         unsafe { carve_resource_stats(h, ptr::null_mut(), 4, &mut n) },
         INVALID_ARGUMENT
     );
@@ -164,25 +164,25 @@ fn foreign_double_and_mismatched_frees_are_refused_and_leave_the_resource_intact
         )
     };
     assert_eq!(foreign, BAD_POINTER);
-    // SAFETY: wrong size on purpose; refused.
     assert_eq!(
+        // SAFETY: wrong size on purpose; refused.
         unsafe { carve_deallocate(h, p, 50, 256, ptr::null_mut()) },
         BAD_POINTER
     );
     assert!(last().contains("allocated as 100 bytes"), "{}", last());
-    // SAFETY: null pointer on purpose.
     assert_eq!(
+        // SAFETY: null pointer on purpose.
         unsafe { carve_deallocate(h, ptr::null_mut(), 100, 256, ptr::null_mut()) },
         BAD_POINTER
     );
     assert_eq!(stat(h, "allocation_count"), 1.0);
-    // SAFETY: the block's one correct free.
     assert_eq!(
+        // SAFETY: the block's one correct free.
         unsafe { carve_deallocate(h, p, 100, 256, ptr::null_mut()) },
         OK
     );
-    // SAFETY: a double free on purpose; refused.
     assert_eq!(
+        // SAFETY: a double free on purpose; refused.
         unsafe { carve_deallocate(h, p, 100, 256, ptr::null_mut()) },
         BAD_POINTER
     );
@@ -208,8 +208,8 @@ fn adaptors_compose_and_outlive_their_upstream_handles() {
     // Destroying the inner handles keeps the stack alive (the adaptor holds them).
     assert_eq!(carve_resource_destroy(h), OK);
     assert_eq!(carve_resource_destroy(limited), OK);
-    // SAFETY: static string.
     assert_eq!(
+        // SAFETY: static string.
         unsafe { CStr::from_ptr(carve_resource_kind(st)) },
         c"statistics"
     );
@@ -236,8 +236,8 @@ fn adaptors_compose_and_outlive_their_upstream_handles() {
     let mut released = 0;
     // SAFETY: `released` is writable.
     assert_eq!(unsafe { carve_resource_release(pool, &mut released) }, OK);
-    // SAFETY: statistics adaptors hold nothing to release.
     assert_eq!(
+        // SAFETY: statistics adaptors hold nothing to release.
         unsafe { carve_resource_release(st, ptr::null_mut()) },
         UNSUPPORTED
     );
@@ -267,8 +267,8 @@ fn every_suballocator_and_adaptor_builds_over_host_memory() {
     made.push(out);
     assert_eq!(carve_tracking_adaptor_create(h, 0, &mut out), OK);
     made.push(out);
-    // SAFETY: a NUL-terminated path.
     assert_eq!(
+        // SAFETY: a NUL-terminated path.
         unsafe { carve_logging_adaptor_create(h, log_c.as_ptr(), 1, &mut out) },
         OK
     );
@@ -278,8 +278,8 @@ fn every_suballocator_and_adaptor_builds_over_host_memory() {
         assert_eq!(code, OK, "{}", last());
         // SAFETY: 1000 bytes of host memory just allocated.
         unsafe { p.cast::<u8>().write_bytes(0x5A, 1000) };
-        // SAFETY: the block's one free.
         assert_eq!(
+            // SAFETY: the block's one free.
             unsafe { carve_deallocate(r, p, 1000, 256, ptr::null_mut()) },
             OK
         );
@@ -288,14 +288,14 @@ fn every_suballocator_and_adaptor_builds_over_host_memory() {
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(text.lines().count(), 3, "header, allocate, free:\n{text}");
 
-    // SAFETY: null path on purpose.
     assert_eq!(
+        // SAFETY: null path on purpose.
         unsafe { carve_logging_adaptor_create(h, ptr::null(), 0, &mut out) },
         INVALID_ARGUMENT
     );
     let bad = c"/nonexistent-dir-carve/x.csv";
-    // SAFETY: a NUL-terminated path.
     assert_eq!(
+        // SAFETY: a NUL-terminated path.
         unsafe { carve_logging_adaptor_create(h, bad.as_ptr(), 0, &mut out) },
         IO
     );
@@ -335,14 +335,14 @@ fn device_resources_and_the_current_resource_need_a_device() {
         NO_DEVICE
     );
     assert_eq!(carve_cuda_resource_create(-1, &mut out), NO_DEVICE);
-    // SAFETY: `out` is writable.
     assert_eq!(
+        // SAFETY: `out` is writable.
         unsafe { carve_get_current_resource(0, &mut out) },
         NO_DEVICE
     );
     let h = host();
-    // SAFETY: `previous` may be null.
     assert_eq!(
+        // SAFETY: `previous` may be null.
         unsafe { carve_set_current_resource(0, h, ptr::null_mut()) },
         NO_DEVICE
     );
