@@ -25,6 +25,7 @@ const KDL_CPU: i32 = 1;
 const KDL_CUDA: i32 = 2;
 const KDL_CUDA_MANAGED: i32 = 13;
 
+#[derive(Debug)]
 struct Block {
     entry: Arc<Entry>,
     ptr: NonNull<u8>,
@@ -53,6 +54,7 @@ impl Drop for Block {
 /// `stream` (a CUstream as an int, 0 for the legacy default stream; it must outlive the
 /// buffer). Freed through the same resource when the buffer and every DLPack view are gone.
 #[pyclass(frozen, module = "carve._carve")]
+#[derive(Debug)]
 pub struct DeviceBuffer {
     block: Arc<Block>,
     device: usize,

@@ -16,6 +16,7 @@ use crate::resource::resource_of;
 /// A device heap. Build it with `DeviceHeap.slab(...)` or `DeviceHeap.bump(...)`; pass
 /// `address` to kernels as a `uint64`.
 #[pyclass(frozen, module = "carve._carve")]
+#[derive(Debug)]
 pub struct DeviceHeap {
     heap: Mutex<carve::DeviceHeap>,
     address: u64,

@@ -16,6 +16,7 @@ use crate::errors::{guarded, to_py};
 
 /// A carve resource. `handle` is its id in carve's C ABI (e.g. CuPy's allocator parameter).
 #[pyclass(frozen, module = "carve._carve")]
+#[derive(Debug)]
 pub struct Resource {
     pub(crate) entry: Arc<Entry>,
     handle: Handle,
@@ -183,9 +184,10 @@ fn make_pinned(
     device_mapped: bool,
     write_combined: bool,
 ) -> PyResult<Resource> {
-    let flags = u32::from(portable) * make::PINNED_PORTABLE
-        | u32::from(device_mapped) * make::PINNED_DEVICE_MAPPED
-        | u32::from(write_combined) * make::PINNED_WRITE_COMBINED;
+    let bit = |on: bool, bit: u32| if on { bit } else { 0 };
+    let flags = bit(portable, make::PINNED_PORTABLE)
+        | bit(device_mapped, make::PINNED_DEVICE_MAPPED)
+        | bit(write_combined, make::PINNED_WRITE_COMBINED);
     made(make::pinned(device, flags))
 }
 
