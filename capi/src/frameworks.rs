@@ -343,6 +343,12 @@ pub extern "C" fn carve_cupy_free(_param: isize, ptr: isize, _device: c_int) {
 
 static ORT: RwLock<Option<Arc<Entry>>> = RwLock::new(None);
 
+/// Binds ONNX Runtime's allocator symbols to `entry` (None: the current resource of the
+/// calling thread's device).
+pub fn bind_ort(entry: Option<Arc<Entry>>) {
+    *ORT.write().unwrap_or_else(PoisonError::into_inner) = entry;
+}
+
 /// Binds ONNX Runtime's allocator to `r` (null: the current resource of the caller's device).
 #[no_mangle]
 pub extern "C" fn carve_ort_set_resource(r: carve_resource_t) -> c_int {
@@ -352,7 +358,7 @@ pub extern "C" fn carve_ort_set_resource(r: carve_resource_t) -> c_int {
         } else {
             Some(registry::get(handle_of(r))?)
         };
-        *ORT.write().unwrap_or_else(PoisonError::into_inner) = entry;
+        bind_ort(entry);
         Ok(())
     })
 }

@@ -13,10 +13,22 @@ exhausted carve resource surfaces as ``torch.OutOfMemoryError``::
 (``torch.cuda.memory.change_current_allocator``): every tensor is allocated and freed by the
 device's current carve resource. PyTorch's caching statistics are then empty. It must run
 before PyTorch allocates any CUDA memory.
+
+PyTorch's ``CUDAPluggableAllocator`` does not check the pointer its allocation function returns
+(a null pointer becomes a tensor at address 0). So :func:`use` installs a small C++ shim,
+compiled once against the installed PyTorch's headers with the system C++ compiler and cached,
+that throws ``c10::OutOfMemoryError`` (``torch.OutOfMemoryError``) when carve returns null. If no
+compiler is available it warns and installs carve's functions directly.
 """
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+import warnings
 from typing import Dict, Optional, Tuple
 
 import torch as _torch
@@ -65,6 +77,76 @@ def mem_pool(resource: Resource, **kwargs: object) -> "_torch.cuda.MemPool":
     return _torch.cuda.MemPool(alloc.allocator(), **kwargs)  # type: ignore[attr-defined]
 
 
+_SHIM = r"""
+#include <c10/util/Exception.h>
+#include <dlfcn.h>
+#include <sys/types.h>
+
+namespace {
+using alloc_fn = void* (*)(ssize_t, int, void*);
+using error_fn = const char* (*)();
+alloc_fn carve_alloc = nullptr;
+error_fn carve_error = nullptr;
+}  // namespace
+
+extern "C" int carve_shim_init(const char* lib) {
+  void* h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+  if (h == nullptr) h = dlopen(lib, RTLD_NOW);
+  if (h == nullptr) return 1;
+  carve_alloc = reinterpret_cast<alloc_fn>(dlsym(h, "carve_torch_alloc"));
+  carve_error = reinterpret_cast<error_fn>(dlsym(h, "carve_last_error"));
+  return carve_alloc != nullptr && carve_error != nullptr ? 0 : 2;
+}
+
+// PyTorch calls this from C++, where exceptions are how allocators report failure.
+extern "C" void* carve_torch_alloc_or_throw(ssize_t size, int device, void* stream) {
+  void* p = carve_alloc(size, device, stream);
+  TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr || size == 0,
+                   "carve: CUDA out of memory on device ", device, ": ", carve_error());
+  return p;
+}
+"""
+
+
+def _checked_alloc_address() -> Optional[int]:
+    """The address of the shim's throwing allocation function, or None if it cannot be built."""
+    from torch.utils import cpp_extension
+
+    abi = int(getattr(_torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    key = hashlib.sha256(f"{_SHIM}{_torch.__version__}{abi}".encode()).hexdigest()[:16]
+    cache = os.environ.get("CARVE_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "carve")
+    out = os.path.join(cache, f"torch_oom_shim_{key}.so")
+    try:
+        if not os.path.exists(out):
+            os.makedirs(cache, exist_ok=True)
+            src = out[:-3] + ".cpp"
+            with open(src, "w") as f:
+                f.write(_SHIM)
+            libdirs = cpp_extension.library_paths()
+            cmd = [os.environ.get("CXX", "c++"), "-O2", "-shared", "-fPIC", "-std=c++17",
+                   f"-D_GLIBCXX_USE_CXX11_ABI={abi}", src, "-o", out + ".tmp"]
+            cmd += [f"-I{p}" for p in cpp_extension.include_paths()]
+            cmd += [f"-L{p}" for p in libdirs] + [f"-Wl,-rpath,{p}" for p in libdirs]
+            cmd += ["-lc10", "-ldl"]
+            subprocess.run(cmd, check=True, capture_output=True, text=True)
+            os.replace(out + ".tmp", out)
+        shim = ctypes.CDLL(out)
+        shim.carve_shim_init.argtypes = [ctypes.c_char_p]
+        if shim.carve_shim_init(lib_path().encode()) != 0:
+            raise OSError(f"the shim could not find carve's symbols in {lib_path()}")
+        return ctypes.cast(shim.carve_torch_alloc_or_throw, ctypes.c_void_p).value
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = getattr(e, "stderr", "") or str(e)
+        warnings.warn(
+            "carve.torch.use: could not build the out-of-memory shim (a C++ compiler and "
+            f"PyTorch's headers are needed): {detail.strip()[:500]}. An exhausted carve resource "
+            "will give PyTorch a null pointer instead of raising torch.OutOfMemoryError.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+
+
 def use(resource: Resource, device: Optional[int] = None) -> None:
     """Makes ``resource`` the current carve resource of ``device`` (default: the current torch
     device) and routes every PyTorch CUDA allocation to the current carve resources. The swap
@@ -74,8 +156,14 @@ def use(resource: Resource, device: Optional[int] = None) -> None:
         device = _torch.cuda.current_device()
     set_current_resource(device, resource)
     if _global is None:
-        alloc = _torch.cuda.memory.CUDAPluggableAllocator(
-            lib_path(), "carve_torch_alloc", "carve_torch_free"
-        )
+        fns = _carve.function_addresses()
+        checked = _checked_alloc_address()
+        if checked is None:
+            alloc = _torch.cuda.memory.CUDAPluggableAllocator(
+                lib_path(), "carve_torch_alloc", "carve_torch_free"
+            )
+        else:
+            raw = _torch._C._cuda_customAllocator(checked, fns["carve_torch_free"])
+            alloc = _torch.cuda.memory._CUDAAllocator(raw)
         _torch.cuda.memory.change_current_allocator(alloc)
         _global = alloc

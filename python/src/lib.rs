@@ -79,6 +79,13 @@ fn torch_bind_slot(slot: usize, resource: Option<&Resource>) -> PyResult<()> {
     frameworks::bind_torch_slot(slot, resource.map(|r| r.entry.clone())).map_err(to_py)
 }
 
+/// Binds ONNX Runtime's allocator symbols to `resource` (None: the current resource).
+#[pyfunction]
+#[pyo3(signature = (resource = None))]
+fn ort_set_resource(resource: Option<&Resource>) {
+    frameworks::bind_ort(resource.map(|r| r.entry.clone()));
+}
+
 /// Blocks handed to frameworks through the C symbols and not yet freed.
 #[pyfunction]
 fn framework_outstanding() -> usize {
@@ -140,6 +147,7 @@ fn _carve(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(is_available, m)?)?;
     m.add_function(wrap_pyfunction!(ptx_path, m)?)?;
     m.add_function(wrap_pyfunction!(torch_bind_slot, m)?)?;
+    m.add_function(wrap_pyfunction!(ort_set_resource, m)?)?;
     m.add_function(wrap_pyfunction!(framework_outstanding, m)?)?;
     m.add_function(wrap_pyfunction!(last_error, m)?)?;
     m.add_function(wrap_pyfunction!(function_addresses, m)?)?;

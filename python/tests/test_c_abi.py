@@ -95,3 +95,21 @@ def test_torch_slot_symbols_over_host_memory():
     assert "no resource bound" in last()
     with pytest.raises(carve.InvalidArgumentError):
         carve._carve.torch_bind_slot(99, h._r)
+
+
+def test_onnxruntime_provider_options_call_carve():
+    import carve.onnxruntime
+
+    pool = carve.PoolResource(carve.HostResource())
+    opts = carve.onnxruntime.provider_options(pool)
+    assert set(opts) == {"gpu_external_alloc", "gpu_external_free", "gpu_external_empty_cache"}
+    alloc = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t)(int(opts["gpu_external_alloc"]))
+    free = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(int(opts["gpu_external_free"]))
+    empty = ctypes.CFUNCTYPE(None)(int(opts["gpu_external_empty_cache"]))
+    p = alloc(10_000)
+    assert p and pool.stats()["bytes_in_use"] >= 10_000
+    free(p)
+    assert pool.stats()["bytes_in_use"] == 0
+    empty()
+    assert pool.stats()["pool_size"] == 0
+    carve._carve.ort_set_resource(None)
