@@ -11,7 +11,7 @@
 //!   `void (void*)`, `void ()`; the resource is the one bound with [`carve_ort_set_resource`],
 //!   else the current resource of the calling thread's device.
 //!
-//! Every block handed out here is recorded with its resource and size ([`Outstanding`]), so
+//! Every block handed out here is recorded with its resource and size, so
 //! a free goes to the resource that allocated (even if the binding changed since), CuPy's and
 //! ONNX Runtime's size-less frees work, and a foreign or repeated free is refused. Failures
 //! return null (allocations) or do nothing (frees) and set `carve_last_error()`.
