@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# CI's Python check (no GPU): installs the package from the clone exactly as users do
+# CI's Python check (no GPU): lints the extension crate, installs the package from the clone exactly as users do
 # (`pip install ./python`, maturin from PyPI), then runs the pytest suite. GPU tests skip.
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
+# The extension crate is its own cargo workspace (see python/Cargo.toml): lint it here.
+(cd python && cargo fmt --check && CARGO_TARGET_DIR=../target/python cargo clippy --all-targets -- -D warnings)
 venv=${CARVE_CI_VENV:-target/ci-venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q ./python pytest numpy
