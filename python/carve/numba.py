@@ -73,9 +73,13 @@ class CarveNumbaManager(HostOnlyCUDAMemoryManager):
 
     def get_ipc_handle(self, memory):
         """An IPC handle for ``memory``, offset into the driver allocation that holds it. Works
-        for memory from ``cuMemAlloc`` (cuda resources and suballocators over them)."""
-        start, _end = _drv.device_extents(memory)
+        for memory from ``cuMemAlloc`` (cuda resources and suballocators over them); other
+        memory raises :class:`carve.UnsupportedError`."""
         try:
+            mixin = getattr(_drv, "GetIpcHandleMixin", None)
+            if mixin is not None:  # Numba's own implementation of exactly this
+                return mixin.get_ipc_handle(self, memory)
+            start, _end = _drv.device_extents(memory)
             if _NV_BINDING:
                 handle = _drv.driver.cuIpcGetMemHandle(start)
             else:
