@@ -42,6 +42,7 @@ __all__ = ["mem_pool", "use", "pluggable_allocator", "slot_of"]
 # PyTorch may call a pool's free function until it exits.
 _slots: Dict[int, Tuple[Resource, object]] = {}
 _global: Optional[object] = None
+_shim: Optional[ctypes.CDLL] = None  # the out-of-memory shim, loaded once
 
 
 def slot_of(resource: Resource) -> int:
@@ -134,6 +135,8 @@ def _checked_alloc_address() -> Optional[int]:
         shim.carve_shim_init.argtypes = [ctypes.c_char_p]
         if shim.carve_shim_init(lib_path().encode()) != 0:
             raise OSError(f"the shim could not find carve's symbols in {lib_path()}")
+        global _shim
+        _shim = shim
         return ctypes.cast(shim.carve_torch_alloc_or_throw, ctypes.c_void_p).value
     except (OSError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", "") or str(e)
