@@ -20,10 +20,12 @@ if [ ! -x "$venv/bin/maturin" ]; then
 fi
 rm -rf "$out"
 mkdir -p "$out/wheels" "$out/deps" "$out/python" "$out/bench" "$out/examples"
+find python/carve -name __pycache__ -prune -exec rm -rf {} +
+# linux_x86_64, not manylinux: the wheel is for the GPU machine, where binaries built here run.
 CARGO_TARGET_DIR="$root/target/python" "$venv/bin/maturin" build --release --strip \
-  -m python/Cargo.toml -o "$out/wheels"
+  --compatibility linux -m python/Cargo.toml -o "$out/wheels"
 # pytest for the GPU machine in case it lacks it (it has no network).
-"$venv/bin/pip" download -q -d "$out/deps" --only-binary=:all: --python-version 3.9 pytest \
+"$venv/bin/pip" download -q -d "$out/deps" --only-binary=:all: --python-version 3.9 pytest exceptiongroup tomli \
   || echo "warning: could not download pytest; the GPU machine must have it" >&2
 
 cp -r python/tests "$out/python/"
