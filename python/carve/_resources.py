@@ -111,6 +111,12 @@ class AsyncResource(Resource):
 
     __slots__ = ()
 
+    @property
+    def pool_handle(self) -> int:
+        """The driver pool (``CUmemoryPool`` as an int), e.g. for
+        ``cupy.cuda.MemoryAsyncPool(pool_handle)`` to share it."""
+        return self._r.pool_handle
+
     def __init__(
         self,
         device: int = 0,

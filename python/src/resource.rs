@@ -81,6 +81,16 @@ impl Resource {
         self.entry.resource.properties().host_accessible
     }
 
+    /// The driver pool (`CUmemoryPool`, as an int) of an async resource, else None: share it
+    /// with CuPy (`cupy.cuda.MemoryAsyncPool(handle)`) or PyTorch's cudaMallocAsync backend.
+    #[getter]
+    fn pool_handle(&self) -> Option<usize> {
+        match &self.entry.typed {
+            carve_capi::registry::Typed::Async(a) => Some(a.handle() as usize),
+            _ => None,
+        }
+    }
+
     /// Allocates `nbytes` aligned to `alignment`, ordered on `stream` (a CUstream as an int,
     /// which must outlive the block); returns the address.
     #[pyo3(signature = (nbytes, alignment = 256, stream = 0))]

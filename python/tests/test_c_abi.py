@@ -113,3 +113,17 @@ def test_onnxruntime_provider_options_call_carve():
     empty()
     assert pool.stats()["pool_size"] == 0
     carve._carve.ort_set_resource(None)
+
+
+def test_python_resources_release_their_handles():
+    lib.carve_live_handles.restype = ctypes.c_size_t
+    import gc
+
+    gc.collect()
+    before = lib.carve_live_handles()
+    stack = carve.StatisticsAdaptor(carve.PoolResource(carve.HostResource()))
+    assert lib.carve_live_handles() == before + 3
+    assert stack.upstream._r.pool_handle is None
+    del stack
+    gc.collect()
+    assert lib.carve_live_handles() == before

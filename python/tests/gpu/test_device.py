@@ -79,3 +79,13 @@ def test_zero_copy_into_cupy_and_torch():
     nb = need("numba.cuda")
     d = nb.cuda.as_cuda_array(buf)
     assert d.__cuda_array_interface__["data"][0] == buf.ptr
+
+
+def test_async_pool_handle_is_shared_with_cupy():
+    cupy = need("cupy")
+    a = carve.AsyncResource(0)
+    assert a.pool_handle
+    shared = cupy.cuda.MemoryAsyncPool(a.pool_handle)
+    mem = shared.malloc(1 << 20)
+    assert mem.ptr
+    del mem
