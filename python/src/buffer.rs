@@ -210,12 +210,12 @@ impl DeviceBuffer {
 }
 
 impl DeviceBuffer {
-    /// Makes consumer stream `stream` wait for the buffer's stream (DLPack's rule). `None` and
-    /// -1 mean "no synchronisation", 1 and 2 are the legacy and per-thread default streams.
+    /// Makes consumer stream `stream` wait for the buffer's stream (DLPack's rule). -1 means
+    /// "no synchronisation"; `None` and 1 the legacy default stream, 2 the per-thread one.
     fn order_for(&self, stream: Option<isize>) -> PyResult<()> {
         let consumer = match stream {
-            None | Some(-1) => return Ok(()),
-            Some(1) | Some(0) => StreamRef::DEFAULT,
+            Some(-1) => return Ok(()),
+            None | Some(1) | Some(0) => StreamRef::DEFAULT,
             Some(2) => StreamRef::PER_THREAD,
             Some(s) => stream_ref(s as usize),
         };
