@@ -68,6 +68,14 @@ impl Env for Cpu {
     fn stream_order<R: MemoryResource>(&self, name: &str, make: &dyn Fn() -> Subject<R>) {
         recorded_stream_order(name, self, make);
     }
+
+    fn finish(&self, name: &str) {
+        assert_eq!(
+            (self.upstream.allocated_bytes(), self.simulated.usage().used),
+            (0, 0),
+            "{name}: bytes still held from the upstream once every resource was dropped"
+        );
+    }
 }
 
 fn pool_usage<R: MemoryResource>(p: &PoolMemoryResource<R>) -> Usage {

@@ -111,8 +111,9 @@ pub fn zero_size<R: MemoryResource, E: Env>(name: &str, env: &E, make: &dyn Fn()
     s.assert_invariants(name, "after zero-byte requests");
 }
 
-/// A huge request is `OutOfMemory` (or `InvalidArgument` past a stated `max_bytes`), sizes that
-/// overflow once aligned are `SizeOverflow`, and none of them changes anything.
+/// A huge request is `OutOfMemory` (or `InvalidArgument` past a stated `max_bytes`), so is a
+/// huge alignment (or `Unsupported` past a stated `max_align`), sizes that overflow once aligned
+/// are `SizeOverflow`, and none of them changes anything.
 pub fn huge_size<R: MemoryResource, E: Env>(name: &str, env: &E, make: &dyn Fn() -> Subject<R>) {
     let s = make();
     let st = env.stream(0);
@@ -133,6 +134,13 @@ pub fn huge_size<R: MemoryResource, E: Env>(name: &str, env: &E, make: &dyn Fn()
                 "OutOfMemory"
             }
         ),
+    }
+    match s.mr.allocate(st, 64, 1 << 40) {
+        Err(Error::Unsupported(_)) if s.max_align < 1 << 40 => {}
+        Err(Error::OutOfMemory { .. }) if s.max_align >= 1 << 40 => {}
+        other => {
+            panic!("{name}: allocate(64, align 2^40): expected a typed refusal, got {other:?}")
+        }
     }
     for (bytes, align) in [
         (usize::MAX, 1),

@@ -29,6 +29,10 @@ pub trait Env: Sync {
     /// Checks that a block freed on one stream reaches another only after the first stream's
     /// work up to the free (see [`recorded_stream_order`] for the CPU form).
     fn stream_order<R: MemoryResource>(&self, name: &str, make: &dyn Fn() -> Subject<R>);
+
+    /// Runs after a check, once every resource it built is dropped: what the environment can
+    /// see of its upstreams must be back where it started (nothing leaked).
+    fn finish(&self, _name: &str) {}
 }
 
 /// Streams an [`Env`] provides.
@@ -241,6 +245,7 @@ macro_rules! conformance_suite {
         fn $check() {
             let Some(env) = super::$env() else { return };
             crate::conformance::$check(stringify!($name), &env, &|| super::$make(&env));
+            crate::conformance::Env::finish(&env, stringify!($name));
         }
     };
 }
