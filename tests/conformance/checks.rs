@@ -4,7 +4,7 @@
 use std::ptr::NonNull;
 use std::sync::Mutex;
 
-use carve::{Error, MemoryResource};
+use carve::{Error, MemoryResource, StreamRef};
 
 use super::model::{ordered_after_free, FreedRanges, Live, Rng};
 use super::{note, Detect, Env, Order, Subject, Usage, STREAMS};
@@ -540,14 +540,15 @@ pub fn recorded_stream_order<R: MemoryResource, E: Env>(
     let check = |p: NonNull<u8>, len: usize, user, freed: &mut FreedRanges| -> usize {
         let events = order.events();
         let mut n = 0;
+        let user: StreamRef = user;
         for (freer, at) in freed.reused(p.as_ptr() as usize, len) {
-            if freer == user {
+            if freer == user.id() {
                 continue;
             }
             n += 1;
             assert!(
-                ordered_after_free(&events[at..], freer, user),
-                "{name}: {p:?}+{len}, freed on {freer:?}, was handed to {user:?} with no \
+                ordered_after_free(&events[at..], freer, user.id()),
+                "{name}: {p:?}+{len}, freed on stream {freer:#x}, was handed to {user:?} with no \
                  ordering after the free; order log since: {:?}",
                 &events[at..]
             );

@@ -127,27 +127,28 @@ impl Live {
     }
 }
 
-/// Address ranges freed on some stream and not handed out since: start -> (end, stream,
-/// length of the order log when the free began).
+/// Address ranges freed on some stream and not handed out since: start -> (end, the stream's
+/// [`StreamRef::id`], length of the order log when the free began).
 #[derive(Default)]
 pub struct FreedRanges {
-    ranges: BTreeMap<usize, (usize, StreamRef, usize)>,
+    ranges: BTreeMap<usize, (usize, usize, usize)>,
 }
 
 impl FreedRanges {
     /// Records `[start, start + len)` freed on `stream` when the log had `log_len` events.
     pub fn freed(&mut self, start: usize, len: usize, stream: StreamRef, log_len: usize) {
         self.carve(start, start + len);
-        self.ranges.insert(start, (start + len, stream, log_len));
+        self.ranges
+            .insert(start, (start + len, stream.id(), log_len));
     }
 
-    /// `[start, start + len)` was just handed out: returns the (stream, log length) of every
+    /// `[start, start + len)` was just handed out: returns the (stream id, log length) of every
     /// freed range it overlaps, and forgets the overlapped parts.
-    pub fn reused(&mut self, start: usize, len: usize) -> Vec<(StreamRef, usize)> {
+    pub fn reused(&mut self, start: usize, len: usize) -> Vec<(usize, usize)> {
         self.carve(start, start + len)
     }
 
-    fn carve(&mut self, start: usize, end: usize) -> Vec<(StreamRef, usize)> {
+    fn carve(&mut self, start: usize, end: usize) -> Vec<(usize, usize)> {
         let first = self
             .ranges
             .range(..start)
@@ -175,18 +176,19 @@ impl FreedRanges {
     }
 }
 
-/// True when `events` (the log from just before a block was freed on `freer`) show `user`
-/// ordered after the free: a device-wide synchronisation, a synchronisation of `freer`, or a
-/// mark of `freer` followed by `user` waiting on it.
-pub fn ordered_after_free(events: &[OrderEvent], freer: StreamRef, user: StreamRef) -> bool {
+/// True when `events` (the log from just before a block was freed on stream `freer`) show
+/// stream `user` ordered after the free: a device-wide synchronisation, a synchronisation of
+/// `freer`, or a mark of `freer` followed by `user` waiting on it. Streams by
+/// [`StreamRef::id`].
+pub fn ordered_after_free(events: &[OrderEvent], freer: usize, user: usize) -> bool {
     let mut marked = false;
     for e in events {
-        match *e {
+        match e {
             OrderEvent::SyncAll => return true,
-            OrderEvent::Sync(s) if s == freer => return true,
-            OrderEvent::Mark(s) if s == freer => marked = true,
+            OrderEvent::Sync(s) if s.id() == freer => return true,
+            OrderEvent::Mark(s) if s.id() == freer => marked = true,
             OrderEvent::Wait { waiter, signaller }
-                if marked && waiter == user && signaller == freer =>
+                if marked && waiter.id() == user && signaller.id() == freer =>
             {
                 return true
             }
@@ -202,6 +204,7 @@ fn freed_ranges_split_and_forget_what_is_reused() {
     let mut f = FreedRanges::default();
     f.freed(1000, 1000, a, 3);
     f.freed(3000, 100, b, 5);
+    let (a, b) = (a.id(), b.id());
     assert_eq!(f.reused(1500, 100), vec![(a, 3)]);
     assert_eq!(f.reused(2000, 500), vec![]);
     assert_eq!(f.reused(1400, 300), vec![(a, 3), (a, 3)]);
@@ -217,12 +220,14 @@ fn a_reuse_is_ordered_only_by_a_sync_or_a_mark_then_a_wait() {
         waiter: b,
         signaller: a,
     };
-    assert!(!ordered_after_free(&[], a, b));
-    assert!(!ordered_after_free(&[wait], a, b), "a wait on an old mark");
-    assert!(ordered_after_free(&[OrderEvent::Mark(a), wait], a, b));
-    assert!(!ordered_after_free(&[wait, OrderEvent::Mark(a)], a, b));
-    assert!(!ordered_after_free(&[OrderEvent::Mark(b), wait], a, b));
-    assert!(ordered_after_free(&[OrderEvent::SyncAll], a, b));
-    assert!(ordered_after_free(&[OrderEvent::Sync(a)], a, b));
-    assert!(!ordered_after_free(&[OrderEvent::Sync(b)], a, b));
+    let (ia, ib) = (a.id(), b.id());
+    let ordered = |events: &[OrderEvent]| ordered_after_free(events, ia, ib);
+    assert!(!ordered(&[]));
+    assert!(!ordered(&[wait]), "a wait on an old mark");
+    assert!(ordered(&[OrderEvent::Mark(a), wait]));
+    assert!(!ordered(&[wait, OrderEvent::Mark(a)]));
+    assert!(!ordered(&[OrderEvent::Mark(b), wait]));
+    assert!(ordered(&[OrderEvent::SyncAll]));
+    assert!(ordered(&[OrderEvent::Sync(a)]));
+    assert!(!ordered(&[OrderEvent::Sync(b)]));
 }
