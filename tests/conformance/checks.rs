@@ -238,7 +238,8 @@ fn bad_frees_of<R: MemoryResource, E: Env>(
     }
     match s.size_mismatch {
         Detect::Refused => {
-            for wrong in [bytes / 2, bytes + 256, 0] {
+            // Sizes across routing thresholds too (bins, superblocks, over-alignment).
+            for wrong in [bytes / 2, bytes + 256, 0, 1 << 16, 1 << 20] {
                 // SAFETY: the wrong size on purpose: refused untouched.
                 let r = unsafe { s.mr.deallocate(st, p, wrong, 256) };
                 expect_refused(&format!("free of {bytes} bytes as {wrong}"), r);
