@@ -110,6 +110,16 @@ fn pool(env: &Cpu) -> Subject<PoolMemoryResource<Up>> {
         .recorded(&env.order)
 }
 
+fn pool_primed_and_bounded(env: &Cpu) -> Subject<PoolMemoryResource<Up>> {
+    let opts = PoolOptions::new(LIMIT / 4)
+        .maximum(LIMIT / 2)
+        .order(env.order());
+    Subject::new(PoolMemoryResource::new(env.upstream.clone(), opts).unwrap())
+        .usage(pool_usage)
+        .invariants(|r| r.check_invariants())
+        .recorded(&env.order)
+}
+
 fn pool_over_simulated(env: &Cpu) -> Subject<PoolMemoryResource<SimulatedMemoryResource>> {
     let opts = PoolOptions::new(0).order(env.order());
     Subject::new(PoolMemoryResource::new(env.simulated.clone(), opts).unwrap())
@@ -152,6 +162,19 @@ fn binning(env: &Cpu) -> Subject<BinningMemoryResource<Up>> {
     Subject::new(BinningMemoryResource::with_bins(env.upstream.clone(), bins).unwrap())
         .no_usage("its bins are type-erased resources; count with a StatisticsResourceAdaptor")
         .recorded(&env.order)
+        .size_mismatch_unchecked("a size in the same bin frees the block: bins hold one size")
+        .sibling_unchecked(
+            "requests above the largest bin go to the upstream, which siblings share",
+        )
+}
+
+/// Power-of-two bins as `BinningMemoryResource::new` makes them: fixed-size resources with 4 MiB
+/// refills (so over uncapped host memory), ordered by their upstream's default (host memory:
+/// nothing to order).
+fn binning_default(_: &Cpu) -> Subject<BinningMemoryResource<HostMemoryResource>> {
+    Subject::new(BinningMemoryResource::new(HostMemoryResource::new(), 8, 16).unwrap())
+        .no_usage("its bins are type-erased resources; count with a StatisticsResourceAdaptor")
+        .frees_at_once("bins over host memory use host ordering: no stream work to wait for")
         .size_mismatch_unchecked("a size in the same bin frees the block: bins hold one size")
         .sibling_unchecked(
             "requests above the largest bin go to the upstream, which siblings share",
@@ -228,9 +251,11 @@ conformance_suite! { cpu;
     host => host,
     simulated => simulated,
     pool => pool,
+    pool_primed_and_bounded => pool_primed_and_bounded,
     pool_over_simulated => pool_over_simulated,
     fixed_size => fixed_size,
     binning => binning,
+    binning_default => binning_default,
     arena => arena,
     limiting => limiting,
     statistics => statistics,
