@@ -329,8 +329,9 @@ pub fn statistics<R: MemoryResource, E: Env>(name: &str, env: &E, make: &dyn Fn(
     assert_eq!(prev, base, "{name}: statistics after freeing everything");
 }
 
-/// RMM's various and mixed random allocations: sizes from bytes to megabytes, then a seeded
-/// mix of allocations and frees over several streams; blocks stay aligned, disjoint and intact.
+/// RMM's various and mixed random allocations: sizes from bytes to megabytes (also through the
+/// synchronous forms), then a seeded mix of allocations and frees over several streams; blocks
+/// stay aligned, disjoint and intact.
 pub fn sizes_and_mixed<R: MemoryResource, E: Env>(
     name: &str,
     env: &E,
@@ -343,13 +344,18 @@ pub fn sizes_and_mixed<R: MemoryResource, E: Env>(
         .into_iter()
         .filter(|&b| b <= s.max_bytes)
     {
-        let p =
-            s.mr.allocate(env.stream(1), bytes, 256)
-                .unwrap_or_else(|e| {
-                    panic!("{name}: allocate({bytes}): {e}");
-                });
+        let p = s.mr.allocate(env.stream(1), bytes, 256);
+        let p = p.unwrap_or_else(|e| panic!("{name}: allocate({bytes}): {e}"));
         live.add(name, p, bytes, 256);
         free_all(name, env, &s, &mut live, 1);
+        // The synchronous forms, on the default stream.
+        let p = s.mr.allocate_sync(bytes, 256);
+        let p = p.unwrap_or_else(|e| panic!("{name}: allocate_sync({bytes}): {e}"));
+        live.add(name, p, bytes, 256);
+        let b = live.take(name, 0).unwrap();
+        // SAFETY: just allocated with these arguments; freed once.
+        unsafe { s.mr.deallocate_sync(b.ptr, b.bytes, b.align) }
+            .unwrap_or_else(|e| panic!("{name}: deallocate_sync({bytes}): {e}"));
     }
     let mut rng = Rng::new(0x5eed);
     let max = s.max_bytes.min(64 << 10);
