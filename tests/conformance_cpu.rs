@@ -142,7 +142,7 @@ fn fixed_size(env: &Cpu) -> Subject<FixedSizeMemoryResource<Up>> {
         })
         .invariants(|r| r.check_invariants())
         .recorded(&env.order)
-        .size_mismatch_unchecked("blocks are one size: any size up to the block's frees it")
+        .size_mismatch_accepted("blocks are one size: any size up to the block's frees it")
 }
 
 fn binning(env: &Cpu) -> Subject<BinningMemoryResource<Up>> {

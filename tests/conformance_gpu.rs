@@ -71,12 +71,12 @@ fn cuda(env: &Gpu) -> Subject<CudaMemoryResource> {
     Subject::new(CudaMemoryResource::new(&env.dev))
         .max_align(256)
         .no_usage("cuMemAlloc keeps no count of its own")
-        .size_mismatch_unchecked("cuMemFree takes no size")
+        .size_mismatch_accepted("cuMemFree takes no size")
         .double_free_unchecked(
             "a freed address may already be another allocation's in this process; cuMemFree \
              cannot tell, so the caller must not free twice",
         )
-        .sibling_unchecked("every CudaMemoryResource of a device frees any cuMemAlloc pointer")
+        .sibling_accepted("every CudaMemoryResource of a device frees any cuMemAlloc pointer")
 }
 
 fn managed(env: &Gpu) -> Subject<ManagedMemoryResource> {
@@ -126,7 +126,7 @@ fn fixed_size_over_cuda(env: &Gpu) -> Subject<FixedSizeMemoryResource<CudaMemory
             Usage::new(s.blocks_in_use * s.block_size, s.blocks_in_use)
         })
         .invariants(|r| r.check_invariants())
-        .size_mismatch_unchecked("blocks are one size: any size up to the block's frees it")
+        .size_mismatch_accepted("blocks are one size: any size up to the block's frees it")
 }
 
 fn arena_over_cuda(env: &Gpu) -> Subject<ArenaMemoryResource<CudaMemoryResource>> {

@@ -70,6 +70,9 @@ impl Usage {
 pub enum Detect {
     /// Refused with a typed error, state untouched.
     Refused,
+    /// Accepted by design, for the documented reason: the check asserts that the free succeeds
+    /// (a sibling's block; a size smaller than the block's).
+    Accepted(&'static str),
     /// Cannot be detected, for the documented reason; the check does not attempt it (it would be
     /// undefined behaviour or free someone's block) and prints the reason.
     Unchecked(&'static str),
@@ -192,6 +195,18 @@ impl<R: MemoryResource> Subject<R> {
     /// It cannot detect a free with the wrong size.
     pub fn size_mismatch_unchecked(mut self, why: &'static str) -> Self {
         self.size_mismatch = Detect::Unchecked(why);
+        self
+    }
+
+    /// It frees a block freed with a smaller size, by design.
+    pub fn size_mismatch_accepted(mut self, why: &'static str) -> Self {
+        self.size_mismatch = Detect::Accepted(why);
+        self
+    }
+
+    /// It frees a sibling instance's blocks, by design.
+    pub fn sibling_accepted(mut self, why: &'static str) -> Self {
+        self.sibling = Detect::Accepted(why);
         self
     }
 
