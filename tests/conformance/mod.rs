@@ -81,7 +81,8 @@ pub enum Detect {
 /// How a resource orders a block freed on one stream before another stream gets it.
 #[derive(Clone, Debug)]
 pub enum Order {
-    /// Not stated: the stream-order check fails and asks for a statement.
+    /// Not stated: the CPU stream-order check fails and asks for a statement. (The GPU check
+    /// needs none: it watches what real streams do to the memory.)
     Unstated,
     /// Its ordering goes through this [`RecordingOrder`]: every cross-stream reuse is checked
     /// against the log.
