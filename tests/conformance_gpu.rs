@@ -205,11 +205,12 @@ extern "C" fn wait_for_gate(user: *mut c_void) {
 }
 
 /// Queues [`wait_for_gate`] on `stream`: work queued after it waits for the gate.
-fn hold(stream: StreamRef, gate: &Arc<Gate>) {
+fn hold(stream: &Stream, gate: &Arc<Gate>) {
     let user = Arc::into_raw(gate.clone()).cast_mut().cast::<c_void>();
-    // SAFETY: `stream` is alive (the environment owns it); `wait_for_gate` takes ownership of
-    // `user` when it runs.
-    let r = unsafe { sys::cuLaunchHostFunc(stream.as_raw(), Some(wait_for_gate), user) };
+    let raw = stream.as_ref().as_raw();
+    // SAFETY: `stream` is alive (borrowed); `wait_for_gate` takes ownership of `user` when it
+    // runs.
+    let r = unsafe { sys::cuLaunchHostFunc(raw, Some(wait_for_gate), user) };
     if r != sys::CUresult::CUDA_SUCCESS {
         // SAFETY: the driver refused the launch, so the host function never runs: reclaim.
         drop(unsafe { Arc::from_raw(user.cast_const().cast::<Gate>()) });
@@ -230,15 +231,16 @@ fn filled(env: &Gpu, bytes: usize, value: u8) -> (CudaMemoryResource, NonNull<u8
 
 /// Queues a copy of `bytes` bytes from `src` into `dst` on `stream` (unified addressing: either
 /// may be device, managed or pinned memory).
-fn copy_async(dst: NonNull<u8>, src: NonNull<u8>, bytes: usize, stream: StreamRef) {
+fn copy_async(dst: NonNull<u8>, src: NonNull<u8>, bytes: usize, stream: &Stream) {
+    let raw = stream.as_ref().as_raw();
     // SAFETY: both ranges are live blocks of at least `bytes` bytes that the driver can reach;
-    // the stream is alive.
+    // the stream is alive (borrowed).
     unsafe {
         sys::cuMemcpyAsync(
             dst.as_ptr() as sys::CUdeviceptr,
             src.as_ptr() as sys::CUdeviceptr,
             bytes,
-            stream.as_raw(),
+            raw,
         )
     }
     .result()
@@ -268,15 +270,16 @@ fn gated_stream_order<R: MemoryResource>(name: &str, env: &Gpu, make: &dyn Fn() 
     const B_BYTE: u8 = 0x5B;
     let s = make();
     let bytes = s.max_bytes.min(1 << 20);
-    let (a, b) = (env.stream(1), env.stream(2));
+    let (sa, sb) = (&env.streams[1], &env.streams[2]);
+    let (a, b) = (sa.as_ref(), sb.as_ref());
     env.dev.bind().unwrap();
     let (src_mr, src_a) = filled(env, bytes, A_BYTE);
     let (_, src_b) = filled(env, bytes, B_BYTE);
 
     let x = s.mr.allocate(a, bytes, 256).unwrap();
     let gate = Gate::new();
-    hold(a, &gate);
-    copy_async(x, src_a, bytes, a);
+    hold(sa, &gate);
+    copy_async(x, src_a, bytes, sa);
     // SAFETY: freed once; the only work on it is A's copy, queued on A.
     unsafe { s.mr.deallocate(a, x, bytes, 256) }.unwrap();
 
@@ -288,7 +291,7 @@ fn gated_stream_order<R: MemoryResource>(name: &str, env: &Gpu, make: &dyn Fn() 
             Err(Error::OutOfMemory { .. }) => break,
             Err(e) => panic!("{name}: allocating on stream B: {e}"),
         };
-        copy_async(y, src_b, bytes, b);
+        copy_async(y, src_b, bytes, sb);
         ys.push(y);
         let (xa, ya) = (x.as_ptr() as usize, y.as_ptr() as usize);
         if ya < xa + bytes && xa < ya + bytes {

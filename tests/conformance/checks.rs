@@ -4,7 +4,7 @@
 use std::ptr::NonNull;
 use std::sync::Mutex;
 
-use carve::{Error, MemoryResource, StreamRef};
+use carve::{Error, MemoryResource};
 
 use super::model::{ordered_after_free, FreedRanges, Live, Rng};
 use super::{note, Detect, Env, Order, Subject, Usage, STREAMS};
@@ -578,15 +578,14 @@ pub fn recorded_stream_order<R: MemoryResource, E: Env>(
     let check = |p: NonNull<u8>, len: usize, user, freed: &mut FreedRanges| -> usize {
         let events = order.events();
         let mut n = 0;
-        let user: StreamRef = user;
         for (freer, at) in freed.reused(p.as_ptr() as usize, len) {
-            if freer == user.id() {
+            if freer == user {
                 continue;
             }
             n += 1;
             assert!(
-                ordered_after_free(&events[at..], freer, user.id()),
-                "{name}: {p:?}+{len}, freed on stream {freer:#x}, was handed to {user:?} with no \
+                ordered_after_free(&events[at..], freer, user),
+                "{name}: {p:?}+{len}, freed on stream {freer:#x}, was handed to stream {user:#x} with no \
                  ordering after the free; order log since: {:?}",
                 &events[at..]
             );
@@ -599,7 +598,7 @@ pub fn recorded_stream_order<R: MemoryResource, E: Env>(
     while blocks.len() < 8192 {
         match s.mr.allocate(a, bytes, 256) {
             Ok(p) => {
-                reuses += check(p, bytes, a, &mut freed);
+                reuses += check(p, bytes, a.id(), &mut freed);
                 blocks.push(p);
             }
             Err(Error::OutOfMemory { .. }) => {
@@ -613,7 +612,7 @@ pub fn recorded_stream_order<R: MemoryResource, E: Env>(
         let at = order.events().len();
         // SAFETY: allocated above, freed once.
         unsafe { s.mr.deallocate(a, p, bytes, 256) }.unwrap();
-        freed.freed(p.as_ptr() as usize, bytes, a, at);
+        freed.freed(p.as_ptr() as usize, bytes, a.id(), at);
     }
     let n = blocks.len();
     blocks.clear();
@@ -621,14 +620,14 @@ pub fn recorded_stream_order<R: MemoryResource, E: Env>(
         let p = s.mr.allocate(b, bytes, 256).unwrap_or_else(|e| {
             panic!("{name}: stream B could not take block {k} of the {n} stream A freed: {e}")
         });
-        reuses += check(p, bytes, b, &mut freed);
+        reuses += check(p, bytes, b.id(), &mut freed);
         blocks.push(p);
     }
     for p in blocks.drain(..) {
         let at = order.events().len();
         // SAFETY: allocated above, freed once.
         unsafe { s.mr.deallocate(b, p, bytes, 256) }.unwrap();
-        freed.freed(p.as_ptr() as usize, bytes, b, at);
+        freed.freed(p.as_ptr() as usize, bytes, b.id(), at);
     }
     if ran_out {
         assert!(
@@ -650,7 +649,7 @@ pub fn recorded_stream_order<R: MemoryResource, E: Env>(
             let len = if fixed { bytes } else { 256 << rng.range(0, 6) };
             match s.mr.allocate(st, len, 256) {
                 Ok(p) => {
-                    reuses += check(p, len, st, &mut freed);
+                    reuses += check(p, len, st.id(), &mut freed);
                     live.push((p, len));
                 }
                 Err(Error::OutOfMemory { .. }) => {}
@@ -661,7 +660,7 @@ pub fn recorded_stream_order<R: MemoryResource, E: Env>(
             let at = order.events().len();
             // SAFETY: a live block, freed once.
             unsafe { s.mr.deallocate(st, p, len, 256) }.unwrap();
-            freed.freed(p.as_ptr() as usize, len, st, at);
+            freed.freed(p.as_ptr() as usize, len, st.id(), at);
         }
     }
     for (p, len) in live {

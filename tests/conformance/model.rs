@@ -135,11 +135,11 @@ pub struct FreedRanges {
 }
 
 impl FreedRanges {
-    /// Records `[start, start + len)` freed on `stream` when the log had `log_len` events.
-    pub fn freed(&mut self, start: usize, len: usize, stream: StreamRef, log_len: usize) {
+    /// Records `[start, start + len)` freed on the stream with id `stream` when the log had
+    /// `log_len` events.
+    pub fn freed(&mut self, start: usize, len: usize, stream: usize, log_len: usize) {
         self.carve(start, start + len);
-        self.ranges
-            .insert(start, (start + len, stream.id(), log_len));
+        self.ranges.insert(start, (start + len, stream, log_len));
     }
 
     /// `[start, start + len)` was just handed out: returns the (stream id, log length) of every
@@ -200,11 +200,10 @@ pub fn ordered_after_free(events: &[OrderEvent], freer: usize, user: usize) -> b
 
 #[test]
 fn freed_ranges_split_and_forget_what_is_reused() {
-    let (a, b) = (StreamRef::simulated(1), StreamRef::simulated(2));
+    let (a, b) = (StreamRef::simulated(1).id(), StreamRef::simulated(2).id());
     let mut f = FreedRanges::default();
     f.freed(1000, 1000, a, 3);
     f.freed(3000, 100, b, 5);
-    let (a, b) = (a.id(), b.id());
     assert_eq!(f.reused(1500, 100), vec![(a, 3)]);
     assert_eq!(f.reused(2000, 500), vec![]);
     assert_eq!(f.reused(1400, 300), vec![(a, 3), (a, 3)]);
