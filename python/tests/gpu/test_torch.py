@@ -31,7 +31,8 @@ def test_training_in_a_carve_mem_pool_matches_native_and_reports_stats():
     assert s["peak_bytes"] > 0 and s["total_count"] > 0
     # PyTorch's own accounting still works: the pool's segments show in its snapshot.
     segments = pool.snapshot()
-    assert segments and sum(seg["total_size"] for seg in segments) == s["current_bytes"]
+    held = sum(seg["total_size"] for seg in segments)
+    assert segments and held == s["current_bytes"], (held, s)
     assert torch.cuda.memory_stats()["allocated_bytes.all.peak"] > 0
     del pool
     gc.collect()
