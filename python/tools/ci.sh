@@ -2,7 +2,7 @@
 # CI's Python check (no GPU): lints the extension crate, installs the package from the clone exactly as users do
 # (`pip install ./python`, maturin from PyPI), then runs the pytest suite. GPU tests skip.
 set -euo pipefail
-# Embed the committed PTX (kernels/ptx/; refused if stale): no nightly needed, and .ci/run
+# Embed the committed PTX (src/driver/ptx/; refused if stale): no nightly needed, and .ci/run
 # already checks that the pinned toolchain rebuilds it identically.
 export CARVE_BUILD_KERNELS=${CARVE_BUILD_KERNELS:-0}
 root=$(git rev-parse --show-toplevel)
