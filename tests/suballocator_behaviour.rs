@@ -28,7 +28,7 @@ fn pool_with(
     (pool.unwrap(), order)
 }
 
-fn free<M: MemoryResource + ?Sized>(mr: &M, s: StreamRef, p: NonNull<u8>, bytes: usize) {
+fn free<M: MemoryResource + ?Sized>(mr: &M, s: StreamRef<'_>, p: NonNull<u8>, bytes: usize) {
     // SAFETY: every caller passes a live block of `mr` allocated with `bytes`, freed once.
     unsafe { mr.deallocate(s, p, bytes, 256) }.unwrap();
 }
@@ -70,10 +70,10 @@ fn a_free_is_reused_on_its_stream_without_any_ordering() {
     assert_eq!(
         &order.events()[2..],
         &[
-            OrderEvent::Mark(a),
+            OrderEvent::Mark(a.id()),
             OrderEvent::Wait {
-                waiter: c,
-                signaller: a
+                waiter: c.id(),
+                signaller: a.id()
             }
         ]
     );
@@ -293,15 +293,15 @@ fn fixed_size_hands_sealed_blocks_over_with_one_wait_on_the_last_mark() {
     for &p in &blocks {
         free(&mr, a, p, 512);
     }
-    assert_eq!(order.events(), vec![OrderEvent::Mark(a)]);
+    assert_eq!(order.events(), vec![OrderEvent::Mark(a.id())]);
     let again: Vec<_> = (0..n).map(|_| mr.allocate(b, 512, 256).unwrap()).collect();
     assert_eq!(
         order.events(),
         vec![
-            OrderEvent::Mark(a),
+            OrderEvent::Mark(a.id()),
             OrderEvent::Wait {
-                waiter: b,
-                signaller: a
+                waiter: b.id(),
+                signaller: a.id()
             }
         ]
     );

@@ -29,7 +29,7 @@ fn suite(
 ) {
     let mut rng = SmallRng::seed_from_u64(42);
     let mut model = Model::default();
-    let refs: Vec<StreamRef> = streams.iter().map(Stream::as_ref).collect();
+    let refs: Vec<StreamRef<'_>> = streams.iter().map(Stream::as_ref).collect();
     for round in 0..3 {
         for _ in 0..400 {
             let s = refs[rng.random_range(0..refs.len())];

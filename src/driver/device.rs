@@ -172,6 +172,15 @@ impl Device {
             .map_err(|e| Error::driver("cuCtxSynchronize", e))
     }
 
+    /// Waits for the legacy default stream of this device's context (not the calling thread's
+    /// current one).
+    pub fn synchronize_default_stream(&self) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the null stream is always valid in a current context (bound above).
+        unsafe { result::stream::synchronize(std::ptr::null_mut()) }
+            .map_err(|e| Error::driver("cuStreamSynchronize", e))
+    }
+
     /// carve's embedded kernels, loaded into this context on first use.
     pub fn kernels(&self) -> Result<&Kernels> {
         self.inner

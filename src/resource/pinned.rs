@@ -111,7 +111,7 @@ fn mapped_device_pointer(device: &Device, host: NonNull<u8>) -> Result<u64> {
 // SAFETY: the driver returns distinct live page-aligned allocations of the requested size;
 // larger alignments are refused. The ledger frees each block once.
 unsafe impl MemoryResource for PinnedHostMemoryResource {
-    fn allocate(&self, _stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, _stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, 1)?;
         if align > PINNED_ALIGNMENT {
             return Err(Error::Unsupported(format!(
@@ -147,7 +147,7 @@ unsafe impl MemoryResource for PinnedHostMemoryResource {
 
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         _align: usize,
@@ -172,6 +172,10 @@ unsafe impl MemoryResource for PinnedHostMemoryResource {
         } else {
             Properties::HOST
         }
+    }
+
+    fn device(&self) -> Option<Device> {
+        Some(self.inner.device.clone())
     }
 }
 
