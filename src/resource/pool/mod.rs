@@ -38,7 +38,7 @@ use crate::error::{Error, Result};
 use crate::stream::{StreamId, StreamRef};
 
 /// The smallest slab a shard takes from the global core.
-const MIN_SLAB: usize = 1 << 20;
+const MIN_SLAB: usize = 256 << 10;
 
 const NAME: &str = "PoolMemoryResource";
 
