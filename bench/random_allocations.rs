@@ -267,7 +267,7 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
     // shared; their speedup (against the shared resource's single thread, the same setup) is
     // what the machine itself allows.
     let rows: [(&str, bool, &[usize]); 5] = [
-        ("pool", false, &[1, 4, 16]),
+        ("pool", false, &[1, 2, 4, 8, 16]),
         ("fixed-size", false, &[1, 4, 16]),
         ("arena", false, &[1, 4, 16]),
         ("fixed-size", true, &[16]),

@@ -205,7 +205,14 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
         let arena = &self.inner.arenas[self.my_arena()];
         let mut core = lock(arena);
         let order = &*self.inner.order;
-        if let Some(p) = allocate_from(&mut core.index, order, stream, bytes, align, Reach::Synchronize)? {
+        if let Some(p) = allocate_from(
+            &mut core.index,
+            order,
+            stream,
+            bytes,
+            align,
+            Reach::Synchronize,
+        )? {
             return Ok(p);
         }
         let sb = self.inner.superblock;

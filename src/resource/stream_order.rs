@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::MemoryResource;
 use crate::driver::{Device, Event};
-use crate::error::Result;
 use crate::error::Error;
+use crate::error::Result;
 use crate::stream::{StreamId, StreamRef};
 
 /// A suballocator marks a stream at most once per this many frees on it, and only if some

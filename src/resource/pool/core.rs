@@ -776,7 +776,9 @@ mod tests {
     #[test]
     fn splits_and_coalesces_back_to_one_block() {
         let mut c = core_with(4096);
-        let p: Vec<_> = (0..4).map(|_| c.take(A.id(), 1000, GRAIN).unwrap()).collect();
+        let p: Vec<_> = (0..4)
+            .map(|_| c.take(A.id(), 1000, GRAIN).unwrap())
+            .collect();
         assert_eq!(c.in_use(), 4096);
         assert!(c.take(A.id(), 1, GRAIN).is_none());
         for i in [1, 3, 0] {
@@ -914,7 +916,10 @@ mod tests {
                 if rng.random_bool(0.6) {
                     let bytes = rng.random_range(1..8 * GRAIN);
                     let align = GRAIN << rng.random_range(0..3);
-                    if let Some(p) = allocate_from(&mut c, &HostOrder, s, bytes, align, Reach::Synchronize).unwrap() {
+                    if let Some(p) =
+                        allocate_from(&mut c, &HostOrder, s, bytes, align, Reach::Synchronize)
+                            .unwrap()
+                    {
                         let a = p.as_ptr() as usize;
                         assert_eq!(a % align, 0);
                         let end = a + bytes;

@@ -115,7 +115,6 @@ pub struct PoolStats {
     pub slabs: usize,
 }
 
-
 /// A coalescing pool over any upstream `R`. Cheap to clone (clones share the pool).
 pub struct PoolMemoryResource<R: MemoryResource> {
     inner: Arc<Inner<R>>,
@@ -529,7 +528,10 @@ impl<R: MemoryResource> Drop for Inner<R> {
         // Blocks may still be in use by queued work on any stream; the upstream may reuse the
         // chunks at once. Drop cannot report a failure.
         let _ = self.order.synchronize_all();
-        let global = self.global.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let global = self
+            .global
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
         for (base, size) in global.chunks() {
             // SAFETY: each chunk came from the upstream with this size and alignment and is
             // returned once, as the last handle to the pool goes away. Drop cannot report.
