@@ -2,8 +2,10 @@
 //! carve creates (`cuMemPoolCreate`) or one it wraps without owning (the device's default or
 //! current pool, or a raw handle from another library).
 
+mod ipc;
 mod options;
 
+pub use ipc::{ImportedPointer, ImportedPool, PointerExport};
 pub use options::AsyncPoolOptions;
 
 use std::ffi::c_void;

@@ -22,7 +22,10 @@ mod location;
 mod managed;
 mod pinned;
 
-pub use async_pool::{AsyncMemoryResource, AsyncPoolOptions, AsyncPoolStats, PoolAccess};
+pub use async_pool::{
+    AsyncMemoryResource, AsyncPoolOptions, AsyncPoolStats, ImportedPointer, ImportedPool,
+    PointerExport, PoolAccess,
+};
 pub use cuda::CudaMemoryResource;
 pub use fixed_size::{FixedSizeMemoryResource, FixedSizeOptions, FixedSizeStats};
 pub use host::HostMemoryResource;

@@ -214,6 +214,56 @@ pub(crate) fn default_order<R: MemoryResource + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resource::{HostMemoryResource, PoolMemoryResource, PoolOptions, Properties};
+    use std::ptr::NonNull;
+
+    /// Claims device-accessible memory but names no device.
+    #[derive(Debug)]
+    struct Nameless(HostMemoryResource);
+
+    // SAFETY: delegates to host memory.
+    unsafe impl MemoryResource for Nameless {
+        fn allocate(&self, s: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+            self.0.allocate(s, bytes, align)
+        }
+        unsafe fn deallocate(
+            &self,
+            s: StreamRef<'_>,
+            p: NonNull<u8>,
+            bytes: usize,
+            align: usize,
+        ) -> Result<()> {
+            // SAFETY: forwarded caller contract.
+            unsafe { self.0.deallocate(s, p, bytes, align) }
+        }
+        fn properties(&self) -> Properties {
+            Properties::DEVICE
+        }
+        fn device(&self) -> Option<Device> {
+            None
+        }
+    }
+
+    #[test]
+    fn ordering_follows_the_upstreams_device_never_the_current_one() {
+        // Host memory: no device, no ordering.
+        assert!(HostMemoryResource::new().device().is_none());
+        assert!(
+            format!("{:?}", default_order(&HostMemoryResource::new()).unwrap())
+                .contains("HostOrder")
+        );
+        // Device memory with no device to order on is refused, not ordered on whatever
+        // device is current.
+        let err = PoolMemoryResource::new(Nameless(HostMemoryResource::new()), PoolOptions::new(0))
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        // An explicit order is always accepted.
+        let ok = PoolMemoryResource::new(
+            Nameless(HostMemoryResource::new()),
+            PoolOptions::new(0).order(Arc::new(HostOrder)),
+        );
+        assert!(ok.is_ok());
+    }
 
     #[test]
     fn recording_order_logs_marks_cross_stream_waits_and_syncs() {
