@@ -135,14 +135,12 @@ fn free_blocks_of_all_streams_merge_before_the_pool_grows() {
     assert!((stats.fragmentation - 0.5).abs() < 1e-9);
     let whole = pool.allocate(c, 128 * KIB, 256).unwrap();
     assert_eq!(up.requests(), vec![128 * KIB], "no growth");
-    // Construction; b's cross-shard free, marked at once in a's shard, and again as its empty
-    // slab went back to the global core; then, the maximum reached, the merge: one
-    // device-wide synchronisation, naming neither a nor b.
+    // Construction; b's cross-shard free, marked at once in a's shard; then, the maximum
+    // reached, the merge: one device-wide synchronisation, naming neither a nor b.
     assert_eq!(
         order.events(),
         vec![
             OrderEvent::SyncAll,
-            OrderEvent::Mark(b.id()),
             OrderEvent::Mark(b.id()),
             OrderEvent::SyncAll
         ]

@@ -9,8 +9,8 @@
 //! **Shards.** Streams are spread over *shards* (round-robin on first use, see [`shards`]),
 //! each a [`core::PoolCore`] behind its own lock, so threads on different streams never share
 //! a lock. Shards carve *slabs* they take from the *global* core, which holds the upstream
-//! chunks; its lock is taken only when a shard needs a slab (or gives an empty one back). A
-//! block freed on a stream of another shard goes back to the shard that carved it, tagged with
+//! chunks; its lock is taken only when a shard needs a slab (a shard doubles each time, as the
+//! pool does, so that is rare). A block freed on a stream of another shard goes back to the shard that carved it, tagged with
 //! the freeing stream and sealed by an event recorded at once, so the owning shard's streams
 //! take it after one `cuStreamWaitEvent`. The whole device is synchronised only as a last
 //! resort before reporting out-of-memory (and in [`release`](PoolMemoryResource::release) and
@@ -139,8 +139,8 @@ struct Inner<R: MemoryResource> {
     upstream: R,
     maximum: Option<usize>,
     order: Arc<dyn StreamOrder>,
-    /// Upstream chunks; each shard's slabs are live blocks here. Locked only to hand out or
-    /// take back slabs. Lock order: global before any shard, and one shard at a time.
+    /// Upstream chunks; each shard's slabs are live blocks here. Locked only to hand out slabs
+    /// (and to take them back when gathering). Lock order: global before any shard, and one shard at a time.
     global: Mutex<PoolCore>,
     shards: Box<[Shard]>,
     map: ShardMap,
@@ -320,9 +320,11 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
         Ok(())
     }
 
-    /// A slab of at least `needed` bytes for `stream`'s shard (holding `held` bytes): free
-    /// global memory first, then growth, then (only if the upstream is exhausted) everything
-    /// the shards hold free, after a device-wide synchronisation.
+    /// A slab of at least `needed` bytes for `stream`'s shard (holding `held` bytes). The shard
+    /// doubles (as the pool itself grows by its size): a slab of `held` bytes from free global
+    /// memory, else from growth; failing both (the upstream or the maximum is exhausted), the
+    /// smallest slab that serves the request, then everything the shards hold free, after a
+    /// device-wide synchronisation.
     fn slab_for(
         &self,
         stream: StreamRef<'_>,
@@ -332,8 +334,8 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
     ) -> Result<Slab> {
         let mut global = lock(&self.inner.global);
         let desired = align_up(needed.max(held).max(MIN_SLAB), GRAIN).unwrap_or(needed);
-        let take = |global: &mut PoolCore| -> Result<Option<Slab>> {
-            for want in [desired, needed] {
+        let take = |global: &mut PoolCore, sizes: &[usize]| -> Result<Option<Slab>> {
+            for &want in sizes {
                 let got = allocate_from(
                     global,
                     &*self.inner.order,
@@ -348,18 +350,21 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
             }
             Ok(None)
         };
-        if let Some(slab) = take(&mut global)? {
+        if let Some(slab) = take(&mut global, &[desired])? {
             return Ok(slab);
         }
         match self.grow(&mut global, stream, bytes, needed, desired) {
             Ok(()) => {}
             Err(e) if e.is_out_of_memory() => {
+                if let Some(slab) = take(&mut global, &[needed])? {
+                    return Ok(slab);
+                }
                 self.gather(&mut global)?;
-                return Ok(take(&mut global)?.unwrap_or(Slab::Gathered(e)));
+                return Ok(take(&mut global, &[needed])?.unwrap_or(Slab::Gathered(e)));
             }
             Err(e) => return Err(e),
         }
-        take(&mut global)?.ok_or_else(|| Error::OutOfMemory {
+        take(&mut global, &[desired, needed])?.ok_or_else(|| Error::OutOfMemory {
             bytes,
             resource: NAME,
             detail: "a fresh chunk did not fit the request".to_owned(),
@@ -433,21 +438,15 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
         let mut core = lock(&self.inner.shards[i].core);
         // A block freed on a stream of another shard is sealed at once: the shard's own
         // streams reach it with one event wait.
+        // An empty slab stays with the shard: giving slabs back on a free makes a shard that
+        // is short of contiguous room take and return small slabs over and over. Slabs go back
+        // only when the upstream is exhausted (`gather`) and in `release`.
         let order = &*self.inner.order;
-        let empty = match free_into(&mut core, order, NAME, stream, addr, bytes, foreign) {
-            Ok(empty) => empty,
-            Err(Error::UnknownPointer { .. }) => return Ok(false),
-            Err(e) => return Err(e),
-        };
-        // An empty slab goes back while the shard keeps as much free elsewhere.
-        let Some(slab) = empty else { return Ok(true) };
-        if core.pool_size() - core.in_use() < 2 * slab.size || !core.remove_chunk(slab.base) {
-            return Ok(true);
+        match free_into(&mut core, order, NAME, stream, addr, bytes, foreign) {
+            Ok(_) => Ok(true),
+            Err(Error::UnknownPointer { .. }) => Ok(false),
+            Err(e) => Err(e),
         }
-        drop(core);
-        let mut global = lock(&self.inner.global);
-        free_into(&mut global, order, NAME, stream, slab.base, slab.size, true)?;
-        Ok(true)
     }
 }
 
