@@ -140,7 +140,9 @@ struct Inner<R: MemoryResource> {
     maximum: Option<usize>,
     order: Arc<dyn StreamOrder>,
     /// Upstream chunks; each shard's slabs are live blocks here. Locked only to hand out slabs
-    /// (and to take them back when gathering). Lock order: global before any shard, and one shard at a time.
+    /// (and to take them back when gathering). Lock order: global before shards; no thread
+    /// waits for the global lock while holding a shard's, and only `gather` holds several
+    /// shards (all of them, in index order).
     global: Mutex<PoolCore>,
     shards: Box<[Shard]>,
     map: ShardMap,
@@ -307,9 +309,11 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
     /// After a device-wide synchronisation, every shard's wholly free slabs go back to the
     /// global core, and all free memory becomes free to any stream.
     fn gather(&self, global: &mut PoolCore) -> Result<()> {
+        // Every shard is locked before the synchronisation, so no free can slip in between
+        // (its block's work might still be queued) and be merged as free to any stream.
+        let mut shards: Vec<_> = self.inner.shards.iter().map(|s| lock(&s.core)).collect();
         self.inner.order.synchronize_all()?;
-        for shard in self.inner.shards.iter() {
-            let mut core = lock(&shard.core);
+        for core in shards.iter_mut() {
             core.merge_all();
             for (base, size) in core.empty_chunks() {
                 core.remove_chunk(base);
