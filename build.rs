@@ -2,7 +2,7 @@
 //! `carve_test.ptx`, the kernels only carve's tests and benchmarks load.
 //!
 //! They come either from `kernels/` compiled here (rustc's nvptx backend; no CUDA toolkit), or
-//! from the files committed in `kernels/ptx/`, which record the toolchain that made them and a
+//! from the files committed in `src/driver/ptx/`, which record the toolchain that made them and a
 //! hash of the sources. A committed file whose hash no longer matches the sources is refused:
 //! carve never embeds a stale PTX.
 //!
@@ -12,8 +12,8 @@
 //! | `CARVE_BUILD_KERNELS=1` | compile from source, or fail |
 //! | unset | compile when a toolchain can, else embed the committed files |
 //! | `CARVE_KERNELS_TOOLCHAIN=T` | compile with rustup toolchain `T` instead of the pin |
-//! | `CARVE_UPDATE_PTX=1` | compile with the pinned toolchain and rewrite `kernels/ptx/` |
-//! | `CARVE_CHECK_PTX=1` | compile with the pinned toolchain and fail if `kernels/ptx/` differs |
+//! | `CARVE_UPDATE_PTX=1` | compile with the pinned toolchain and rewrite `src/driver/ptx/` |
+//! | `CARVE_CHECK_PTX=1` | compile with the pinned toolchain and fail if `src/driver/ptx/` differs |
 
 #[path = "build/committed.rs"]
 mod committed;
@@ -54,7 +54,12 @@ fn main() {
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    for path in ["kernels/src", "kernels/Cargo.toml", "kernels/ptx", "build"] {
+    for path in [
+        "kernels/src",
+        "kernels/Cargo.toml",
+        "src/driver/ptx",
+        "build",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(path).display());
     }
 

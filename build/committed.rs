@@ -1,4 +1,4 @@
-//! The PTX committed in `kernels/ptx/`, for builds that cannot compile `kernels/`: its header,
+//! The PTX committed in `src/driver/ptx/`, for builds that cannot compile `kernels/`: its header,
 //! and the hash that ties it to the sources it was made from.
 
 use std::fs;
@@ -60,7 +60,7 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
 
 /// Where the committed copy of module `file` lives.
 pub fn path(root: &Path, file: &str) -> PathBuf {
-    root.join("kernels/ptx").join(file)
+    root.join("src/driver/ptx").join(file)
 }
 
 /// `body` with the header that records its toolchain and sources.

@@ -1,4 +1,4 @@
-//! Which Rust toolchain compiles `kernels/`: the pin in `kernels/ptx/TOOLCHAIN` when installed,
+//! Which Rust toolchain compiles `kernels/`: the pin in `src/driver/ptx/TOOLCHAIN` when installed,
 //! else any nightly (with a warning naming the pin), else stable under `RUSTC_BOOTSTRAP=1`.
 
 use std::env;
@@ -13,9 +13,9 @@ pub struct Toolchain {
 }
 
 impl Toolchain {
-    /// The toolchain named in `kernels/ptx/TOOLCHAIN`, the one that made the committed PTX.
+    /// The toolchain named in `src/driver/ptx/TOOLCHAIN`, the one that made the committed PTX.
     pub fn pinned(root: &Path) -> Toolchain {
-        let path = root.join("kernels/ptx/TOOLCHAIN");
+        let path = root.join("src/driver/ptx/TOOLCHAIN");
         let text = std::fs::read_to_string(&path)
             .unwrap_or_else(|e| crate::fail(&format!("reading {}: {e}", path.display())));
         let name = text

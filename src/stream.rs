@@ -49,6 +49,12 @@ impl std::fmt::Debug for StreamId {
     }
 }
 
+impl std::fmt::LowerHex for StreamId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::LowerHex::fmt(&self.0, f)
+    }
+}
+
 impl StreamRef<'static> {
     /// The legacy default stream (`0`).
     pub const DEFAULT: StreamRef<'static> = StreamRef::from_bits(0);

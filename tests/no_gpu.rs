@@ -82,10 +82,13 @@ fn exported_symbols_parses_every_kind_of_declaration() {
 fn committed_ptx_matches_what_this_build_embeds_when_built_from_it() {
     // With CARVE_BUILD_KERNELS=0 the embedded text is the committed file itself.
     if std::env::var_os("CARVE_BUILD_KERNELS").is_some_and(|v| v == "0") {
-        assert_eq!(carve::driver::PTX, include_str!("../kernels/ptx/carve.ptx"));
+        assert_eq!(
+            carve::driver::PTX,
+            include_str!("../src/driver/ptx/carve.ptx")
+        );
         assert_eq!(
             carve::driver::TEST_PTX,
-            include_str!("../kernels/ptx/carve_test.ptx")
+            include_str!("../src/driver/ptx/carve_test.ptx")
         );
     }
     for ptx in [carve::driver::PTX, carve::driver::TEST_PTX] {

@@ -1,4 +1,4 @@
-//! carve's PTX modules: built from `kernels/` (or taken from `kernels/ptx/`) by `build.rs`,
+//! carve's PTX modules: built from `kernels/` (or taken from `src/driver/ptx/`) by `build.rs`,
 //! embedded here, loaded per device.
 //!
 //! [`PTX`] is what carve ships: exactly the device-heap ABI of `kernels/carve_heap.h` and its
