@@ -150,6 +150,37 @@ fn free_blocks_of_all_streams_merge_before_the_pool_grows() {
 }
 
 #[test]
+fn at_the_maximum_a_stream_takes_free_memory_inside_another_streams_slab() {
+    let up = ScriptedUpstream::new();
+    let (pool, order) = pool_with(up.clone(), PoolOptions::new(MIB).maximum(MIB).shards(4));
+    let (a, b) = (stream(0), stream(1));
+    // a's shard takes two 512 KiB slabs; the second is half used.
+    let x = pool.allocate(a, 512 * KIB, 256).unwrap();
+    let y = pool.allocate(a, 256 * KIB, 256).unwrap();
+    let y2 = pool.allocate(a, 256 * KIB, 256).unwrap();
+    free(&pool, a, y2, 256 * KIB);
+    assert_eq!(pool.stats().slabs, 2);
+    // b finds nothing of its own, the global core empty and the maximum reached: after one
+    // synchronisation, it takes the free half of a's slab, which stays in a's shard.
+    let z = pool.allocate(b, 256 * KIB, 256).unwrap();
+    assert_eq!(z, y2);
+    assert_eq!(up.requests(), vec![MIB], "no growth");
+    assert_eq!(order.events(), vec![OrderEvent::SyncAll; 2]);
+    // Nothing is left: a typed error (after gathering once more).
+    assert!(pool.allocate(b, 256, 256).unwrap_err().is_out_of_memory());
+    // Freed on b, it goes back to a's shard, sealed by a mark on b.
+    free(&pool, b, z, 256 * KIB);
+    assert_eq!(
+        order.events()[2..],
+        [OrderEvent::SyncAll, OrderEvent::Mark(b.id())]
+    );
+    free(&pool, a, x, 512 * KIB);
+    free(&pool, a, y, 256 * KIB);
+    pool.check_invariants().unwrap();
+    assert_eq!(pool.stats().bytes_in_use, 0);
+}
+
+#[test]
 fn growth_takes_the_larger_of_request_and_pool_and_halves_on_failure() {
     let up = ScriptedUpstream::new();
     let (pool, _) = pool_with(up.clone(), PoolOptions::new(MIB));

@@ -125,7 +125,8 @@ enum Slab {
     /// A slab: base and size.
     Got(usize, usize),
     /// None: the upstream is exhausted, so every shard's free memory was merged (after a
-    /// device-wide synchronisation) and the request still did not fit in the global core.
+    /// device-wide synchronisation) and the request did not fit in the global core; it may
+    /// still fit in some shard's free memory.
     Gathered(Error),
 }
 
@@ -464,7 +465,6 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
         let (_, needed) = footprint(bytes, align).ok_or(Error::SizeOverflow { bytes, align })?;
         let shard = &self.inner.shards[self.inner.map.shard_of(stream.id())];
         let order = &*self.inner.order;
-        let mut gathered = false;
         loop {
             let held = {
                 let mut core = lock(&shard.core);
@@ -485,10 +485,19 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
                     }
                     // Another thread on this stream took the slab first: start over.
                 }
-                // All free memory was merged (some of it may be in this shard now): one more
-                // look, then out of memory.
-                Slab::Gathered(e) if gathered => return Err(e),
-                Slab::Gathered(_) => gathered = true,
+                // Every free block is now free to any stream, wherever it lies: take one from
+                // whichever shard holds it (the block stays that shard's), else out of memory.
+                Slab::Gathered(e) => {
+                    for other in self.inner.shards.iter() {
+                        let mut core = lock(&other.core);
+                        let got =
+                            allocate_from(&mut core, order, stream, bytes, align, Reach::Events)?;
+                        if let Some(p) = got {
+                            return Ok(p);
+                        }
+                    }
+                    return Err(e);
+                }
             }
         }
     }
