@@ -21,40 +21,46 @@ fn expected(n: usize) -> Vec<u32> {
     (0..n as u32).map(pattern).collect()
 }
 
-/// The pool orders streams of its own device (1), not the current one (0): blocks handed from
-/// one stream of device 1 to another after a kernel wrote them are never reused early, and
-/// synchronous allocation waits for device 1's default stream.
+/// The pool orders streams of its own device (1), not the current one (0): a block handed
+/// from one stream of device 1 to another, with a kernel still writing it, is never reused
+/// early, and synchronous allocation waits for device 1's default stream. Every pool call
+/// runs with device 0 current.
 #[test]
 fn a_pool_over_device_1_while_device_0_is_current() {
     let (d0, d1) = carve::require_two_gpus!();
     d0.bind().unwrap();
-    // Bounded and one shard, so stream b must reuse what stream a freed.
+    // Bounded and one shard, so each stream must reuse what the other freed.
     let opts = PoolOptions::new(16 * MIB).maximum(16 * MIB).shards(1);
     let pool = PoolMemoryResource::new(CudaMemoryResource::new(&d1), opts).unwrap();
     assert_eq!(pool.device(), Some(d1.clone()));
-    let shared: SharedResource = Arc::new(pool.clone());
     let (a, b) = (d1.new_stream().unwrap(), d1.new_stream().unwrap());
     let kernels = d1.test_kernels().unwrap();
-    let n = 4 * MIB / 4;
+    let n = 16 * MIB / 4;
     for round in 0..20u32 {
-        // Alternate streams: each round reuses the block the other stream freed, with its
-        // kernels possibly still queued (most rounds drop the buffer without waiting).
+        // Alternate streams: each round takes the block the other stream freed while its
+        // kernels may still be queued.
         let s = if round % 2 == 0 { &a } else { &b };
         d0.bind().unwrap();
-        let buf = DeviceBuffer::new(16 * MIB, s, shared.clone()).unwrap();
-        // SAFETY: `n` u32s of the buffer, ordered on its stream.
-        unsafe { kernels.smoke_fill(s, buf.as_ptr(), n as u32) }.unwrap();
+        let p = pool.allocate(s.as_ref(), 16 * MIB, 256).unwrap();
+        let addr = p.as_ptr() as u64;
+        // SAFETY: `n` u32s of the block, ordered on `s`.
+        unsafe { kernels.smoke_fill(s, addr, n as u32) }.unwrap();
         // SAFETY: as above; adds `round` to each word.
-        unsafe { kernels.smoke_add(s, buf.as_ptr(), n as u32, round) }.unwrap();
-        d0.bind().unwrap();
+        unsafe { kernels.smoke_add(s, addr, n as u32, round) }.unwrap();
         if round % 5 == 4 {
-            let got = words(&buf);
+            s.synchronize().unwrap();
+            d1.bind().unwrap();
+            let mut got = vec![0u32; n];
+            // SAFETY: `n` u32s of a live block; its stream is idle.
+            unsafe { carve::cudarc::driver::result::memcpy_dtoh_sync(&mut got, addr) }.unwrap();
             assert!(
                 (0..n).all(|i| got[i] == pattern(i as u32).wrapping_add(round)),
                 "round {round}"
             );
         }
-        drop(buf);
+        d0.bind().unwrap();
+        // SAFETY: allocated above, freed once; only work queued on `s` uses it.
+        unsafe { pool.deallocate(s.as_ref(), p, 16 * MIB, 256) }.unwrap();
     }
     pool.check_invariants().unwrap();
     d0.bind().unwrap();
