@@ -74,7 +74,7 @@ pub use resource::{
     AsyncMemoryResource, AsyncPoolOptions, Location, ManagedBuffer, ManagedMemoryResource,
     PinnedBuffer, PinnedFlags, PinnedHostMemoryResource,
 };
-pub use stream::StreamRef;
+pub use stream::{StreamId, StreamRef};
 
 /// Re-exported so users name the same cudarc version carve links.
 pub use cudarc;
