@@ -45,10 +45,12 @@
 //! | [`heap`] | `DeviceHeap`: blocks that kernels allocate and free |
 //! | [`replay`] | replaying RMM allocation logs |
 //! | [`driver`] | devices, streams, events, the embedded PTX |
+//! | [`deferred`] | errors from `Drop` and undo paths, kept for [`take_deferred_error`] |
 
 pub mod adaptor;
 pub mod buffer;
 pub mod current;
+pub mod deferred;
 pub mod driver;
 pub mod error;
 pub mod heap;
@@ -61,6 +63,7 @@ mod sync;
 pub mod testing;
 
 pub use buffer::{DeviceBuffer, DeviceVec};
+pub use deferred::{deferred_error_count, take_deferred_error, DeferredError};
 pub use driver::{Device, Event, Stream};
 pub use error::{Error, Result};
 pub use heap::{DeviceHeap, HeapStats};

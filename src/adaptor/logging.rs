@@ -154,8 +154,11 @@ impl<R: MemoryResource> LoggingResourceAdaptor<R> {
 
 impl<R> Drop for Inner<R> {
     fn drop(&mut self) {
-        // Best effort: a log that cannot be flushed at exit has no one left to report to.
-        let _ = lock(&self.out).flush();
+        // No caller is left to report to: record it for `take_deferred_error`.
+        crate::deferred::record(
+            "LoggingResourceAdaptor drop: flushing the log",
+            lock(&self.out).flush().map_err(crate::error::Error::from),
+        );
     }
 }
 
@@ -243,7 +246,8 @@ unsafe impl<R: MemoryResource> MemoryResource for LoggingResourceAdaptor<R> {
             Ok(ptr) => {
                 if let Err(e) = self.log(LogAction::Allocate, Some(ptr), bytes, stream) {
                     // SAFETY: just allocated with these arguments and never handed out.
-                    let _ = unsafe { self.inner.upstream.deallocate(stream, ptr, bytes, align) };
+                    let undo = unsafe { self.inner.upstream.deallocate(stream, ptr, bytes, align) };
+                    crate::deferred::record("LoggingResourceAdaptor: undoing an allocation", undo);
                     return Err(e);
                 }
                 Ok(ptr)
