@@ -45,6 +45,7 @@
 //! | [`heap`] | `DeviceHeap`: blocks that kernels allocate and free |
 //! | [`replay`] | replaying RMM allocation logs |
 //! | [`driver`] | devices, streams, events, the embedded PTX |
+//! | [`snapshot`] | PyTorch's memory-snapshot format (write and read), for its viewer |
 //! | [`deferred`] | errors from `Drop` and undo paths, kept for [`take_deferred_error`] |
 
 pub mod adaptor;
@@ -56,6 +57,7 @@ pub mod error;
 pub mod heap;
 pub mod replay;
 pub mod resource;
+pub mod snapshot;
 pub mod stream;
 #[allow(dead_code)]
 mod sync;
