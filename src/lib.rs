@@ -45,6 +45,7 @@
 //! | [`heap`] | `DeviceHeap`: blocks that kernels allocate and free |
 //! | [`replay`] | replaying RMM allocation logs |
 //! | [`driver`] | devices, streams, events, the embedded PTX |
+//! | [`plot`] | line charts as SVG (replay and bench plots) |
 //! | [`snapshot`] | PyTorch's memory-snapshot format (write and read), for its viewer |
 //! | [`deferred`] | errors from `Drop` and undo paths, kept for [`take_deferred_error`] |
 
@@ -55,6 +56,7 @@ pub mod deferred;
 pub mod driver;
 pub mod error;
 pub mod heap;
+pub mod plot;
 pub mod replay;
 pub mod resource;
 pub mod snapshot;
