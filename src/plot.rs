@@ -28,8 +28,11 @@ pub struct Chart {
     pub y_label: String,
     /// Names for x = 0, 1, 2, ... (a categorical axis); `None` for a numeric one.
     pub x_names: Option<Vec<String>>,
-    /// The lines.
+    /// The lines (or bar groups).
     pub series: Vec<Series>,
+    /// Draw grouped bars instead of lines: at each integer x, one bar per series (for tables,
+    /// with `x_names` naming the groups).
+    pub bars: bool,
 }
 
 const WIDTH: u32 = 1000;
@@ -53,8 +56,12 @@ impl Chart {
             .iter()
             .flat_map(|s| s.points.iter().map(|p| p.1))
             .filter(finite);
-        let (x0, x1) = bounds(xs).unwrap_or((0.0, 1.0));
+        let (mut x0, mut x1) = bounds(xs).unwrap_or((0.0, 1.0));
         let (y0, y1) = bounds(ys).unwrap_or((0.0, 1.0));
+        if self.bars {
+            x0 -= 0.5;
+            x1 += 0.5;
+        }
         let log = y0 > 0.0 && y1 / y0 > 100.0;
         let mut svg = String::new();
         {
@@ -107,7 +114,7 @@ impl Chart {
             Some(_) => String::new(),
             None => format!("{x}"),
         };
-        let ticks = self.x_names.as_ref().map_or(10, |n| n.len().max(2));
+        let ticks = self.x_names.as_ref().map_or(10, |n| n.len() + 1);
         chart
             .configure_mesh()
             .x_desc(&self.x_label)
@@ -126,8 +133,30 @@ impl Chart {
     where
         Y: Ranged<ValueType = f64> + plotters::coord::ranged1d::ValueFormatter<f64>,
     {
+        let floor = chart.y_range().start;
+        let groups = self.series.len().max(1) as f64;
         for (i, s) in self.series.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
+            if self.bars {
+                // Bar i of group x spans [x - 0.4 + i w, x - 0.4 + (i + 1) w], w = 0.8 / groups.
+                let w = 0.8 / groups;
+                let bars = s
+                    .points
+                    .iter()
+                    .filter(|(x, y)| x.is_finite() && y.is_finite())
+                    .map(|&(x, y)| {
+                        let left = x - 0.4 + i as f64 * w;
+                        Rectangle::new([(left, floor), (left + w, y)], color.filled())
+                    });
+                chart
+                    .draw_series(bars)
+                    .map_err(plot_error)?
+                    .label(&s.name)
+                    .legend(move |(x, y)| {
+                        Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled())
+                    });
+                continue;
+            }
             let points = s
                 .points
                 .iter()
@@ -201,6 +230,7 @@ mod tests {
                     points: vec![(0.0, 0.0), (1.0, 5e5), (2.0, 1e6)],
                 },
             ],
+            bars: false,
         };
         let svg = chart.to_svg().unwrap();
         let doc = roxmltree::Document::parse(&svg).expect("valid XML");
@@ -235,6 +265,20 @@ mod tests {
         };
         let svg = chart.to_svg().unwrap();
         assert!(svg.contains("N=1e4"));
+        let bars = Chart {
+            bars: true,
+            ..chart
+        };
+        let svg = bars.to_svg().unwrap();
+        let doc = roxmltree::Document::parse(&svg).expect("valid XML");
+        let filled = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("rect") && n.attribute("fill") != Some("#FFFFFF"))
+            .count();
+        assert!(
+            filled >= 3,
+            "two bars and a legend mark, found {filled} filled rects"
+        );
     }
 
     #[test]

@@ -38,5 +38,6 @@ pub fn chart(timelines: &[Timeline], log: &Path) -> Chart {
         y_label: "bytes".into(),
         x_names: None,
         series,
+        bars: false,
     }
 }
