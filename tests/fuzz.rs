@@ -114,13 +114,14 @@ fn action() -> impl Strategy<Value = Action> {
 fn snapshot() -> impl Strategy<Value = Snapshot> {
     let entry = (action(), 0u64..16, 0u64..5000, 0u64..3).prop_map(|(action, a, size, stream)| {
         TraceEntry {
+            // Written as 0 when unknown (PyTorch's viewer reads it on every oom).
+            device_free: (action == Action::Oom).then_some(0),
             action,
             addr: 0x1000 * a,
             size,
             stream,
             time_us: 0,
             frames: Vec::new(),
-            device_free: None,
         }
     });
     let block = (0u64..3000, any::<bool>()).prop_map(|(size, used)| (size, used));

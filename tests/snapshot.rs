@@ -170,6 +170,7 @@ fn failed_requests_are_oom_events_and_history_is_bounded() {
     let snap = t.snapshot(0);
     let oom = snap.device_traces[0].last().unwrap();
     assert_eq!((oom.action.clone(), oom.size), (Action::Oom, 1 << 20));
+    python_check(&snap, &[]);
     t.record_history(0);
     assert!(t.snapshot(0).device_traces[0].is_empty());
 }

@@ -92,8 +92,11 @@ pub(super) fn to_pickle(s: &Snapshot) -> Result<Vec<u8>> {
                             ("time_us", Value::I64(e.time_us)),
                             ("frames", frames(&e.frames)),
                         ];
-                        if let Some(free) = e.device_free {
-                            d.push(("device_free", int(free)));
+                        // `_memory_viz trace` reads device_free of every oom event.
+                        match (e.device_free, &e.action) {
+                            (Some(free), _) => d.push(("device_free", int(free))),
+                            (None, Action::Oom) => d.push(("device_free", int(0))),
+                            _ => {}
                         }
                         dict(d)
                     })

@@ -65,6 +65,8 @@ def main():
                 if key not in e:
                     fail(f"device {d}: an event has no {key}")
             a = e["action"]
+            if a == "oom" and "device_free" not in e:
+                fail(f"device {d}: an oom event has no device_free (_memory_viz trace reads it)")
             if a == "segment_alloc":
                 live.discard((e["addr"], e["size"]))
             elif a == "segment_free":
