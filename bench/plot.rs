@@ -93,10 +93,10 @@ pub fn write(table: &Table, index: usize, dir: &Path) -> carve::Result<std::path
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     #[test]
     fn rows_become_lines_over_measured_columns() {
+        // Imports inside: under `cargo bench` (no test harness) the test is dropped.
+        use super::{chart, file_name, Table};
         let mut t = Table::new(
             "random_allocations: ns per step",
             &["resource", "N=1e3", "N=1e4", "threads"],
