@@ -60,6 +60,7 @@ impl fmt::Display for ResourceKind {
 /// The parsed `--resource` options.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ResourceOptions {
+    /// Which resource to build.
     pub kind: ResourceKind,
     /// Device ordinal for GPU resources.
     pub device: usize,
@@ -89,6 +90,7 @@ impl ResourceOptions {
 
 /// A resource ready to replay on, with the streams logged stream ids map to.
 pub struct Target {
+    /// The resource, type-erased.
     pub resource: SharedResource,
     /// A label for the report.
     pub name: String,
