@@ -256,8 +256,11 @@ unsafe impl<R: MemoryResource> MemoryResource for LoggingResourceAdaptor<R> {
                 Ok(ptr)
             }
             Err(e) => {
-                // The allocation error is the one to report; a log failure on top adds nothing.
-                let _ = self.log(LogAction::AllocateFailure, None, bytes, stream);
+                // The allocation error is the one to report; a log failure on top is deferred.
+                crate::deferred::record(
+                    "LoggingResourceAdaptor: logging a failed allocation",
+                    self.log(LogAction::AllocateFailure, None, bytes, stream),
+                );
                 Err(e)
             }
         }
