@@ -476,3 +476,56 @@ proptest! {
         prop_assert_eq!(host.allocated_bytes(), 0);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Regression tests: inputs that once crashed or misread the snapshot reader (serde-pickle based).
+
+/// A million nested lists: the old reader overflowed the stack (converting, then dropping).
+#[test]
+fn deeply_nested_pickles_do_not_overflow_the_stack() {
+    let n = 1_000_000;
+    let mut deep = b"\x80\x02".to_vec();
+    deep.extend(std::iter::repeat_n(b']', n));
+    deep.extend(std::iter::repeat_n(b'a', n - 1));
+    deep.push(b'.');
+    assert!(Snapshot::from_pickle(&deep).is_err());
+    assert!(parse_events(&deep, LogFormat::Auto).is_err());
+}
+
+/// One frames list shared by two events (as PyTorch's snapshots share frames): the old reader
+/// refused it as "recursive".
+#[test]
+fn shared_objects_read() {
+    // pickle.dumps(d, protocol=2) by Python 3, d = {'segments': [], 'device_traces': [[alloc,
+    // free_completed]]}, both events holding the same frames list object.
+    let bytes: &[u8] = b"\x80\x02}q\x00(X\x08\x00\x00\x00segmentsq\x01]q\x02X\x0d\x00\x00\x00device_tracesq\x03]q\x04]q\x05(}q\x06(X\x06\x00\x00\x00actionq\x07X\x05\x00\x00\x00allocq\x08X\x04\x00\x00\x00addrq\x09M\x00\x10X\x04\x00\x00\x00sizeq\x0aM\x00\x02X\x06\x00\x00\x00framesq\x0b]q\x0c}q\x0d(X\x08\x00\x00\x00filenameq\x0eX\x04\x00\x00\x00a.pyq\x0fX\x04\x00\x00\x00lineq\x10K\x01X\x04\x00\x00\x00nameq\x11X\x01\x00\x00\x00xq\x12uau}q\x13(h\x07X\x0e\x00\x00\x00free_completedq\x14h\x09M\x00\x10h\x0aM\x00\x02h\x0bh\x0cueau.";
+    let s = Snapshot::from_pickle(bytes).unwrap();
+    let t = &s.device_traces[0];
+    assert_eq!(t.len(), 2);
+    assert_eq!(t[0].frames, t[1].frames);
+    assert_eq!(t[1].frames[0].filename, "a.py");
+    assert_eq!(parse_events(bytes, LogFormat::Auto).unwrap().len(), 2);
+}
+
+/// A 60 KB pickle naming one 1000-event list 20,000 times: refused from list lengths, before
+/// 20 million events are built.
+#[test]
+fn a_list_shared_many_times_is_refused_before_conversion() {
+    let mut p = b"\x80\x02}(X\x08\x00\x00\x00segments]X\x0d\x00\x00\x00device_traces](".to_vec();
+    // The event list: [] memoized as 0, then 1000 events appended.
+    p.extend_from_slice(b"]q\x00(");
+    for i in 1..=1000u32 {
+        p.extend_from_slice(
+            b"}(X\x06\x00\x00\x00actionX\x05\x00\x00\x00allocX\x04\x00\x00\x00addrJ",
+        );
+        p.extend_from_slice(&(i * 4096).to_le_bytes());
+        p.extend_from_slice(b"X\x04\x00\x00\x00sizeM\x00\x02u");
+    }
+    p.extend_from_slice(b"e");
+    for _ in 0..20_000 {
+        p.extend_from_slice(b"h\x00");
+    }
+    p.extend_from_slice(b"eu.");
+    let e = Snapshot::from_pickle(&p).unwrap_err();
+    assert!(e.to_string().contains("events and blocks"), "{e}");
+}

@@ -84,7 +84,7 @@ fn both_logs(dir: &Path) -> (PathBuf, PathBuf, usize) {
     let csv = dir.join("log.csv");
     std::fs::write(&csv, buf.0.lock().unwrap().as_slice()).unwrap();
     let torch = dir.join("snapshot.pickle");
-    tracked.snapshot(0).write(&torch).unwrap();
+    tracked.snapshot(0).unwrap().write(&torch).unwrap();
     (csv, torch, stats.bytes_counter().peak as usize)
 }
 
@@ -120,7 +120,7 @@ fn a_snapshot_with_blocks_before_its_trace_replays() {
     let late = workload(&tracked, 500, 5);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("late.pickle");
-    tracked.snapshot(0).write(&path).unwrap();
+    tracked.snapshot(0).unwrap().write(&path).unwrap();
     let r = &replay_all(&args(&path, &[ResourceKind::Arena])).unwrap()[0].report;
     assert!(r.succeeded(), "{r}");
     assert_eq!(

@@ -57,7 +57,7 @@ fn tracker_over_a_plain_resource_gives_one_segment_per_block() {
     let b = t.allocate(s(2), 5000, 256).unwrap();
     // SAFETY: from `t` with these arguments, freed once.
     unsafe { t.deallocate(s(1), a, 1000, 256).unwrap() };
-    let snap = t.snapshot(0);
+    let snap = t.snapshot(0).unwrap();
     snap.check().unwrap();
     assert_eq!(snap.segments.len(), 1, "only b is live");
     assert_eq!(snap.segments[0].address, b.as_ptr() as u64);
@@ -111,7 +111,7 @@ fn pool_snapshot_shows_chunks_tiled_by_blocks() {
     let (p, bytes) = live.remove(1);
     // SAFETY: from `clients` with these arguments, freed once.
     unsafe { clients.deallocate(s(1), p, bytes, 256).unwrap() };
-    let snap = clients.snapshot_over(0, &upstream);
+    let snap = clients.snapshot_over(0, &upstream).unwrap();
     snap.check().unwrap();
     assert_eq!(
         snap.segments.len(),
@@ -159,7 +159,7 @@ fn failed_requests_are_oom_events_and_history_is_bounded() {
         // SAFETY: from `t` with these arguments, freed once.
         unsafe { t.deallocate(s(0), p, 64, 256).unwrap() };
     }
-    let snap = t.snapshot(0);
+    let snap = t.snapshot(0).unwrap();
     // 3 recorded events (the last alloc/free pairs); a free becomes requested + completed, and
     // each alloc and free its own segment event, since this is `snapshot`, not `snapshot_over`.
     assert!(snap.device_traces[0]
@@ -167,10 +167,10 @@ fn failed_requests_are_oom_events_and_history_is_bounded() {
         .all(|e| e.action != Action::Oom));
     t.record_history(10);
     assert!(t.allocate(s(0), 1 << 20, 256).is_err());
-    let snap = t.snapshot(0);
+    let snap = t.snapshot(0).unwrap();
     let oom = snap.device_traces[0].last().unwrap();
     assert_eq!((oom.action.clone(), oom.size), (Action::Oom, 1 << 20));
     python_check(&snap, &[]);
     t.record_history(0);
-    assert!(t.snapshot(0).device_traces[0].is_empty());
+    assert!(t.snapshot(0).unwrap().device_traces[0].is_empty());
 }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::{lock, TrackingResourceAdaptor};
+use crate::error::Result;
 use crate::resource::MemoryResource;
 use crate::snapshot::{frames_of, Action, BlockSpan, SegmentSpan, Snapshot, TraceEntry};
 
@@ -127,7 +128,9 @@ impl<R: MemoryResource> TrackingResourceAdaptor<R> {
     /// resource (`cuMemAlloc` per request). Events are those [`record_history`] kept.
     ///
     /// [`record_history`]: Self::record_history
-    pub fn snapshot(&self, device: u64) -> Snapshot {
+    ///
+    /// A device ordinal of [`MAX_DEVICES`](crate::snapshot::MAX_DEVICES) or more is an error.
+    pub fn snapshot(&self, device: u64) -> Result<Snapshot> {
         let (blocks, events) = self.spans_and_events();
         let segments: Vec<SegmentSpan> = blocks
             .iter()
@@ -175,7 +178,7 @@ impl<R: MemoryResource> TrackingResourceAdaptor<R> {
         &self,
         device: u64,
         upstream: &TrackingResourceAdaptor<U>,
-    ) -> Snapshot {
+    ) -> Result<Snapshot> {
         let (blocks, events) = self.spans_and_events();
         let (segment_blocks, segment_events) = upstream.spans_and_events();
         let segments: Vec<SegmentSpan> = segment_blocks

@@ -57,8 +57,8 @@ pub(crate) fn replay_one(
     });
     if let (Some(path), Some(clients)) = (&snapshot, &clients) {
         let snap = match &target.upstream {
-            Some(up) => clients.snapshot_over(device as u64, up),
-            None => clients.snapshot(device as u64),
+            Some(up) => clients.snapshot_over(device as u64, up)?,
+            None => clients.snapshot(device as u64)?,
         };
         snap.write(path)?;
     }

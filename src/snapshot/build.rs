@@ -2,7 +2,12 @@
 //! the events. Blocks are placed in the segment that holds them, and the gaps become free
 //! blocks, so every segment is tiled exactly as PyTorch's viewer expects.
 
-use super::{Block, BlockState, Frame, Segment, Snapshot, TraceEntry};
+use super::{malformed, Block, BlockState, Frame, Segment, Snapshot, TraceEntry};
+use crate::error::Result;
+
+/// Device ordinals a snapshot accepts (its trace list has one entry per ordinal up to the one
+/// used, as PyTorch's does).
+pub const MAX_DEVICES: u64 = 1024;
 
 /// A reserved range (one upstream allocation).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,13 +36,20 @@ pub struct BlockSpan {
 impl Snapshot {
     /// A snapshot of device `device`: `segments` tiled by `blocks` (a block inside no segment, or
     /// straddling one's end, gets a segment of its own; a block overlapping an earlier one is
-    /// dropped), and `trace` as that device's events.
+    /// dropped), and `trace` as that device's events. A device ordinal of [`MAX_DEVICES`] or more
+    /// is an error.
     pub fn from_spans(
         device: u64,
         segments: &[SegmentSpan],
         blocks: &[BlockSpan],
         trace: Vec<TraceEntry>,
-    ) -> Snapshot {
+    ) -> Result<Snapshot> {
+        if device >= MAX_DEVICES {
+            return Err(malformed(format!(
+                "device ordinal {device} (at most {})",
+                MAX_DEVICES - 1
+            )));
+        }
         let mut segs: Vec<SegmentSpan> = segments.iter().filter(|s| s.size > 0).cloned().collect();
         segs.sort_by_key(|s| s.address);
         // Drop segments overlapping an earlier one: a tracker never reports such, but a
@@ -85,10 +97,10 @@ impl Snapshot {
         out.sort_by_key(|s| s.address);
         let mut device_traces = vec![Vec::new(); device as usize + 1];
         device_traces[device as usize] = trace;
-        Snapshot {
+        Ok(Snapshot {
             segments: out,
             device_traces,
-        }
+        })
     }
 }
 
@@ -164,7 +176,8 @@ mod tests {
             block(0x9000, 0x10),
             block(0x40f0, 0x20), // straddles the second segment's end
         ];
-        let s = Snapshot::from_spans(1, &segs, &blocks, Vec::new());
+        let s = Snapshot::from_spans(1, &segs, &blocks, Vec::new()).unwrap();
+        assert!(Snapshot::from_spans(u64::MAX, &segs, &blocks, Vec::new()).is_err());
         s.check().unwrap();
         assert_eq!(s.device_traces.len(), 2);
         let addrs: Vec<u64> = s.segments.iter().map(|s| s.address).collect();

@@ -13,8 +13,9 @@
 mod build;
 mod frames;
 mod pickle;
+mod unpickle;
 
-pub use build::{BlockSpan, SegmentSpan};
+pub use build::{BlockSpan, SegmentSpan, MAX_DEVICES};
 pub use frames::frames_of;
 
 use std::path::Path;

@@ -1,9 +1,9 @@
-//! [`Snapshot`] to and from the pickled dict PyTorch uses, through `serde-pickle`'s value tree.
+//! [`Snapshot`] to and from the pickled dict PyTorch uses: written through `serde-pickle`'s value
+//! tree, read with [`unpickle`](super::unpickle), which keeps Python's shared objects shared.
 
-use std::collections::BTreeMap;
+use serde_pickle::{HashableValue as K, SerOptions, Value};
 
-use serde_pickle::{DeOptions, HashableValue as K, SerOptions, Value};
-
+use super::unpickle::{unpickle, V};
 use super::{malformed, Action, Block, BlockState, Frame, Segment, Snapshot, TraceEntry};
 use crate::error::Result;
 
@@ -112,17 +112,21 @@ pub(super) fn to_pickle(s: &Snapshot) -> Result<Vec<u8>> {
         .map_err(|e| malformed(format!("cannot pickle: {e}")))
 }
 
+/// Events, segments and blocks a snapshot may hold in all, counting shared objects once per
+/// use: a pickle of a few bytes can reference one list millions of times.
+const MAX_ITEMS: usize = 1 << 23;
+
 pub(super) fn from_pickle(bytes: &[u8]) -> Result<Snapshot> {
-    let root = serde_pickle::value_from_slice(bytes, DeOptions::new().replace_unresolved_globals())
-        .map_err(|e| malformed(format!("not a readable pickle: {e}")))?;
-    let (segments, traces) = match root {
-        Value::List(segments) => (segments, Vec::new()),
-        Value::Dict(mut d) => {
-            let segments = match d.remove(&key("segments")) {
+    let root = unpickle(bytes).map_err(|e| malformed(format!("not a readable pickle: {e}")))?;
+    let (segments, traces) = match &root {
+        V::List(_) | V::Tuple(_) => (list(&root, "segments")?, Vec::new()),
+        V::Dict(_) => {
+            let d = fields(&root)?;
+            let segments = match get(&d, "segments") {
                 Some(v) => list(v, "segments")?,
                 None => Vec::new(),
             };
-            let traces = match d.remove(&key("device_traces")) {
+            let traces = match get(&d, "device_traces") {
                 Some(v) => list(v, "device_traces")?,
                 None => Vec::new(),
             };
@@ -130,58 +134,90 @@ pub(super) fn from_pickle(bytes: &[u8]) -> Result<Snapshot> {
         }
         _ => return Err(malformed("the pickle is neither a dict nor a list".into())),
     };
-    let segments = segments
-        .into_iter()
-        .enumerate()
-        .map(|(i, v)| segment(v).map_err(|e| malformed(format!("segment {i}: {e}"))))
-        .collect::<Result<Vec<_>>>()?;
-    let device_traces = traces
-        .into_iter()
-        .enumerate()
-        .map(|(d, t)| {
-            list(t, "device trace")?
-                .into_iter()
-                .enumerate()
-                .map(|(i, e)| {
-                    entry(e).map_err(|e| malformed(format!("device {d}, event {i}: {e}")))
-                })
-                .collect::<Result<Vec<_>>>()
-        })
-        .collect::<Result<Vec<_>>>()?;
+    // Count first, from list lengths alone, so a small pickle that references one big list many
+    // times is refused before anything is converted.
+    let len = |v: &V| match v {
+        V::List(l) => l.borrow().len(),
+        V::Tuple(t) => t.len(),
+        _ => 0,
+    };
+    let mut total = segments.len() + traces.iter().map(len).sum::<usize>();
+    for seg in &segments {
+        if let V::Dict(d) = seg {
+            total += get(&d.borrow(), "blocks").map_or(0, len);
+        }
+        if total > MAX_ITEMS {
+            break;
+        }
+    }
+    if total > MAX_ITEMS {
+        return Err(malformed(format!(
+            "more than {MAX_ITEMS} events and blocks (shared lists count once per use)"
+        )));
+    }
+    let mut out_segments = Vec::with_capacity(segments.len());
+    for (i, v) in segments.iter().enumerate() {
+        let seg = segment(v).map_err(|e| malformed(format!("segment {i}: {}", why(e))))?;
+        out_segments.push(seg);
+    }
+    let mut device_traces = Vec::with_capacity(traces.len());
+    for (d, t) in traces.iter().enumerate() {
+        let events = list(t, "device trace")?;
+        let mut out = Vec::with_capacity(events.len());
+        for (i, e) in events.iter().enumerate() {
+            out.push(
+                entry(e).map_err(|e| malformed(format!("device {d}, event {i}: {}", why(e))))?,
+            );
+        }
+        device_traces.push(out);
+    }
     Ok(Snapshot {
-        segments,
+        segments: out_segments,
         device_traces,
     })
 }
 
-type Fields = BTreeMap<K, Value>;
+/// The reason inside a nested snapshot error, so it is not prefixed twice.
+fn why(e: crate::error::Error) -> String {
+    match e {
+        crate::error::Error::InvalidArgument(s) => s
+            .strip_prefix("memory snapshot: ")
+            .map_or_else(|| s.clone(), str::to_owned),
+        e => e.to_string(),
+    }
+}
 
-fn list(v: Value, what: &str) -> Result<Vec<Value>> {
+type Fields = Vec<(V, V)>;
+
+fn list(v: &V, what: &str) -> Result<Vec<V>> {
     match v {
-        Value::List(l) | Value::Tuple(l) => Ok(l),
+        V::List(l) => Ok(l.borrow().clone()),
+        V::Tuple(t) => Ok(t.as_ref().clone()),
         _ => Err(malformed(format!("{what} is not a list"))),
     }
 }
 
-fn fields(v: Value) -> Result<Fields> {
+fn fields(v: &V) -> Result<Fields> {
     match v {
-        Value::Dict(d) => Ok(d),
+        V::Dict(d) => Ok(d.borrow().clone()),
         _ => Err(malformed("expected a dict".into())),
     }
 }
 
+fn get<'a>(d: &'a Fields, name: &str) -> Option<&'a V> {
+    d.iter()
+        .rev() // a later SETITEM of the same key wins, as in Python
+        .find(|(k, _)| matches!(k, V::Str(s) if &**s == name))
+        .map(|(_, v)| v)
+}
+
 fn uint(d: &Fields, name: &str) -> Result<Option<u64>> {
-    match d.get(&key(name)) {
-        None | Some(Value::None) => Ok(None),
-        Some(Value::I64(v)) if *v >= 0 => Ok(Some(*v as u64)),
-        Some(Value::Int(v)) => v
-            .to_string()
-            .parse()
-            .map(Some)
-            .map_err(|_| malformed(format!("{name} {v} is not a 64-bit unsigned integer"))),
-        Some(Value::Bool(b)) => Ok(Some(u64::from(*b))),
+    match get(d, name) {
+        None | Some(V::None) => Ok(None),
+        Some(V::Int(v)) if *v >= 0 => Ok(Some(*v as u64)),
+        Some(V::Bool(b)) => Ok(Some(u64::from(*b))),
         Some(other) => Err(malformed(format!(
-            "{name} is not a non-negative integer: {other:?}"
+            "{name} is not a non-negative 64-bit integer: {other:?}"
         ))),
     }
 }
@@ -191,19 +227,20 @@ fn need(d: &Fields, name: &str) -> Result<u64> {
 }
 
 fn text(d: &Fields, name: &str) -> Result<String> {
-    match d.get(&key(name)) {
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Bytes(b)) => Ok(String::from_utf8_lossy(b).into_owned()),
+    match get(d, name) {
+        Some(V::Str(s)) => Ok(s.to_string()),
+        Some(V::Bytes(b)) => Ok(String::from_utf8_lossy(b).into_owned()),
         _ => Err(malformed(format!("no {name} string"))),
     }
 }
 
-fn frame_list(d: &mut Fields) -> Vec<Frame> {
+fn frame_list(d: &Fields) -> Vec<Frame> {
     // Frames only label things: unreadable ones are dropped rather than failing the snapshot.
-    let Some(Value::List(fs)) = d.remove(&key("frames")) else {
+    let Some(V::List(fs)) = get(d, "frames") else {
         return Vec::new();
     };
-    fs.into_iter()
+    let fs = fs.borrow();
+    fs.iter()
         .filter_map(|f| {
             let f = fields(f).ok()?;
             Some(Frame {
@@ -215,17 +252,17 @@ fn frame_list(d: &mut Fields) -> Vec<Frame> {
         .collect()
 }
 
-fn segment(v: Value) -> Result<Segment> {
-    let mut d = fields(v)?;
+fn segment(v: &V) -> Result<Segment> {
+    let d = fields(v)?;
     let address = need(&d, "address")?;
-    let blocks_v = match d.remove(&key("blocks")) {
+    let blocks_v = match get(&d, "blocks") {
         Some(v) => list(v, "blocks")?,
         None => Vec::new(),
     };
     let mut at = address;
     let mut blocks = Vec::with_capacity(blocks_v.len());
-    for b in blocks_v {
-        let mut b = fields(b)?;
+    for b in &blocks_v {
+        let b = fields(b)?;
         let size = need(&b, "size")?;
         let state = text(&b, "state")?;
         let state = BlockState::parse(&state)
@@ -243,7 +280,7 @@ fn segment(v: Value) -> Result<Segment> {
             size,
             requested_size,
             state,
-            frames: frame_list(&mut b),
+            frames: frame_list(&b),
         });
         at = block_address.saturating_add(size);
     }
@@ -256,20 +293,20 @@ fn segment(v: Value) -> Result<Segment> {
     })
 }
 
-fn entry(v: Value) -> Result<TraceEntry> {
-    let mut d = fields(v)?;
+fn entry(v: &V) -> Result<TraceEntry> {
+    let d = fields(v)?;
     Ok(TraceEntry {
         action: Action::parse(&text(&d, "action")?),
         addr: uint(&d, "addr")?.unwrap_or(0),
         size: uint(&d, "size")?.unwrap_or(0),
         stream: uint(&d, "stream")?.unwrap_or(0),
-        time_us: match d.get(&key("time_us")) {
-            Some(Value::I64(t)) => *t,
-            Some(Value::F64(t)) => *t as i64,
+        time_us: match get(&d, "time_us") {
+            Some(V::Int(t)) => *t,
+            Some(V::Float(t)) => *t as i64,
             _ => 0,
         },
         device_free: uint(&d, "device_free")?,
-        frames: frame_list(&mut d),
+        frames: frame_list(&d),
     })
 }
 
@@ -354,6 +391,19 @@ mod tests {
         let mut bytes = sample().to_pickle().unwrap();
         bytes.truncate(bytes.len() / 2);
         assert!(Snapshot::from_pickle(&bytes).is_err());
+    }
+
+    #[test]
+    fn python_pickles_with_shared_frames_read() {
+        // pickle.dumps({'segments': [], 'device_traces': [[e1, e2]]}, protocol=4) where both
+        // events reference one frames list, as PyTorch's snapshots share frames.
+        let bytes: &[u8] = b"\x80\x04\x95\x9e\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x08segments\x94]\x94\x8c\x0ddevice_traces\x94]\x94]\x94(}\x94(\x8c\x06action\x94\x8c\x05alloc\x94\x8c\x04addr\x94M\x00\x10\x8c\x04size\x94M\x00\x02\x8c\x06frames\x94]\x94}\x94(\x8c\x08filename\x94\x8c\x04a.py\x94\x8c\x04line\x94K\x01\x8c\x04name\x94\x8c\x01x\x94uau}\x94(h\x07h\x08h\x09M\x00 h\x0aM\x00\x02h\x0bh\x0cueau.";
+        let s = Snapshot::from_pickle(bytes).unwrap();
+        let t = &s.device_traces[0];
+        assert_eq!(t.len(), 2);
+        assert_eq!((t[1].addr, t[1].size), (0x2000, 512));
+        assert_eq!(t[0].frames, t[1].frames);
+        assert_eq!(t[1].frames[0].filename, "a.py");
     }
 
     #[test]
