@@ -164,6 +164,13 @@ fn snapshot() -> impl Strategy<Value = Snapshot> {
         })
 }
 
+/// The opcodes the snapshot reader handles (and a few it refuses).
+const OPCODES: [u8; 34] = [
+    b'(', b'0', b'1', b'2', b'N', 0x88, 0x89, b'J', b'K', b'M', 0x8a, b'G', 0x8c, b'X', b'C', b']',
+    b'}', b')', b'l', b'd', b't', 0x85, 0x86, 0x87, b'a', b'e', b's', b'u', b'q', b'h', 0x94, b'R',
+    b'b', b'P',
+];
+
 /// Mutations of a byte string: flip, insert, delete, truncate.
 fn mutate(mut bytes: Vec<u8>, edits: &[(usize, u8, u8)]) -> Vec<u8> {
     for &(at, kind, value) in edits {
@@ -190,6 +197,33 @@ proptest! {
     fn snapshot_parser_never_panics_on_bytes(mut bytes in prop::collection::vec(any::<u8>(), 0..200)) {
         bytes.insert(0, 0x80); // past the pickle magic, so the parser proper runs
         let _ = Snapshot::from_pickle(&bytes);
+        if let Ok(events) = parse_events(&bytes, LogFormat::Torch) {
+            replay_small(&events);
+        }
+    }
+
+    #[test]
+    fn snapshot_parser_never_panics_on_opcode_soup(
+        ops in prop::collection::vec((prop::sample::select(OPCODES.to_vec()), any::<[u8; 4]>()), 0..300),
+    ) {
+        // Opcodes the reader knows, each with a few argument bytes: gets deeper into the
+        // unpickler than random bytes do.
+        let mut bytes = vec![0x80, 4];
+        for (op, arg) in &ops {
+            bytes.push(*op);
+            let n = match *op {
+                b'K' | b'q' | b'h' | 0x8c | b'C' | 0x8a => 1,
+                b'M' => 2,
+                b'J' | b'r' | b'j' | b'X' | b'B' | 0x8b => 4,
+                _ => 0,
+            };
+            // Small lengths, so strings and bytes often fit in what follows.
+            bytes.extend(arg[..n].iter().map(|b| b & 0x07));
+        }
+        bytes.push(b'.');
+        if let Ok(s) = Snapshot::from_pickle(&bytes) {
+            let _ = s.check();
+        }
         if let Ok(events) = parse_events(&bytes, LogFormat::Torch) {
             replay_small(&events);
         }
