@@ -68,7 +68,8 @@ PY
 for f in "$work"/sim.*.pickle; do check_snapshot "$f"; done
 
 # 1b. On the GPU.
-if "$carve" info | grep -q "CUDA device"; then
+"$carve" info > "$work/info.txt" 2>&1 || true
+if grep -q "CUDA device" "$work/info.txt"; then
   "$carve" replay "$work/log.csv" --resource pool,async,cuda --snapshot "$work/gpu.pickle" \
     --no-progress > "$work/replay-gpu.txt"
   for f in "$work"/gpu.*.pickle; do check_snapshot "$f"; done
