@@ -29,13 +29,16 @@ impl Write for SharedBuf {
 fn args(log: &Path, kind: ResourceKind) -> ReplayArgs {
     ReplayArgs {
         log: log.to_owned(),
-        resource: kind,
+        format: Default::default(),
+        resource: vec![kind],
         device: 0,
         initial_size: None,
         maximum_size: None,
         block_size: None,
         simulate_capacity: None,
         no_progress: true,
+        snapshot: None,
+        plot: None,
     }
 }
 

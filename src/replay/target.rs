@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::adaptor::TrackingResourceAdaptor;
 use crate::driver::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::resource::{
@@ -101,6 +102,9 @@ pub struct Target {
     _owned_streams: Vec<Stream>,
     /// The device to synchronise at the end, for GPU resources.
     pub device: Option<Device>,
+    /// For suballocators: their upstream, tracked, so the replay can report what they reserve
+    /// (its outstanding bytes) and snapshot their segments.
+    pub upstream: Option<TrackingResourceAdaptor<SharedResource>>,
 }
 
 impl fmt::Debug for Target {
@@ -127,6 +131,7 @@ impl Target {
             fragmentation: None,
             _owned_streams: Vec::new(),
             device: None,
+            upstream: None,
         }
     }
 
@@ -136,14 +141,23 @@ impl Target {
     }
 }
 
+/// `upstream` behind a tracker (cheap: suballocators call their upstream rarely), and the tracker.
+fn tracked(upstream: SharedResource) -> (SharedResource, TrackingResourceAdaptor<SharedResource>) {
+    let tracker = TrackingResourceAdaptor::new(upstream, false);
+    (Arc::new(tracker.clone()), tracker)
+}
+
 /// Builds the resource `opts` names, and a stream for each of `logged_streams` (logged ids: `0` is
 /// the default stream; others get a new stream each on a GPU, a simulated one otherwise).
 pub fn build_target(opts: &ResourceOptions, logged_streams: &[u64]) -> Result<Target> {
     if let Some(capacity) = opts.simulate_capacity {
         let sim = SimulatedMemoryResource::new(capacity)?;
         let probe = sim.clone();
+        let mut upstream = None;
         let (resource, own_probe): (SharedResource, _) = if opts.kind.is_suballocator() {
-            suballocator(opts, Arc::new(sim))?
+            let (up, tracker) = tracked(Arc::new(sim));
+            upstream = Some(tracker);
+            suballocator(opts, up)?
         } else {
             // A plain resource over simulated memory is the simulated best-fit allocator itself.
             (Arc::new(sim), None)
@@ -161,6 +175,7 @@ pub fn build_target(opts: &ResourceOptions, logged_streams: &[u64]) -> Result<Ta
             fragmentation: Some(fragmentation),
             _owned_streams: Vec::new(),
             device: None,
+            upstream,
         });
     }
     if opts.kind == ResourceKind::Host {
@@ -171,13 +186,19 @@ pub fn build_target(opts: &ResourceOptions, logged_streams: &[u64]) -> Result<Ta
             fragmentation: None,
             _owned_streams: Vec::new(),
             device: None,
+            upstream: None,
         });
     }
     let device = Device::get(opts.device)?;
+    let mut upstream = None;
     let (resource, fragmentation): (SharedResource, _) = match opts.kind {
         ResourceKind::Cuda => (Arc::new(CudaMemoryResource::new(&device)), None),
         ResourceKind::Async => (Arc::new(AsyncMemoryResource::default_pool(&device)?), None),
-        _ => suballocator(opts, Arc::new(CudaMemoryResource::new(&device)))?,
+        _ => {
+            let (up, tracker) = tracked(Arc::new(CudaMemoryResource::new(&device)));
+            upstream = Some(tracker);
+            suballocator(opts, up)?
+        }
     };
     let mut owned = Vec::new();
     let mut streams = Vec::with_capacity(logged_streams.len());
@@ -204,6 +225,7 @@ pub fn build_target(opts: &ResourceOptions, logged_streams: &[u64]) -> Result<Ta
         fragmentation,
         _owned_streams: owned,
         device: Some(device),
+        upstream,
     })
 }
 
