@@ -25,6 +25,8 @@ use conformance::{recorded_stream_order, Env, Subject, Usage};
 
 /// Bytes every resource of one test may take from the host, so that "run out" comes quickly.
 const LIMIT: usize = 4 << 20;
+/// What one fixed-size bin may hold at most, in [`binning`].
+const BIN_CAP: usize = 128 << 10;
 
 /// Host memory capped at [`LIMIT`], shared by the resources of one test.
 type Up = LimitingResourceAdaptor<HostMemoryResource>;
@@ -147,11 +149,16 @@ fn fixed_size(env: &Cpu) -> Subject<FixedSizeMemoryResource<Up>> {
 }
 
 fn binning(env: &Cpu) -> Subject<BinningMemoryResource<Up>> {
+    // Fixed-size bins keep what they refill (as RMM's do), so their caps together must leave
+    // room under LIMIT for a bin that has nothing yet: at most 128 KiB a bin, or one refill
+    // (2.5 MiB in all). Uncapped, bins that the concurrency check filled could starve a bin it
+    // never touched.
     let bins = (8..=16)
         .map(|e| {
+            let refill = 16usize << e;
             let opts = FixedSizeOptions::new(1 << e)
                 .blocks_per_refill(16)
-                .max_refills(16)
+                .max_refills((BIN_CAP / refill).max(1))
                 .order(env.order());
             let fixed = FixedSizeMemoryResource::new(env.upstream.clone(), opts).unwrap();
             Bin {

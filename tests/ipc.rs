@@ -32,6 +32,8 @@ fn a_pool_and_a_block_shared_with_a_child_process() {
     let stream = dev.new_stream().unwrap();
     let data: Vec<u8> = (0..LEN).map(parent_byte).collect();
     let buf = DeviceBuffer::from_slice(&data, &stream, Arc::new(mr.clone())).unwrap();
+    // The child reads the bytes, so the allocation and the copy must be done first.
+    stream.synchronize().unwrap();
     let export = mr
         .export_pointer(NonNull::new(buf.as_ptr() as *mut u8).unwrap())
         .unwrap();

@@ -39,14 +39,16 @@ find "$out" -name __pycache__ -prune -exec rm -rf {} +
 
 cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
-# On the GPU machine: installs the carve wheel into a venv that sees the system's torch, CuPy and
-# numba, runs every Python test with CARVE_REQUIRE_GPU=1 (a GPU test that would skip fails),
+# On the GPU machine: installs the carve wheel next to the system's torch, CuPy and numba, runs every Python test with CARVE_REQUIRE_GPU=1 (a GPU test that would skip fails),
 # then the Python benchmarks (unless --no-bench). Exits non-zero if the tests fail.
 cd "$(dirname "$0")" || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-python3 -m venv --system-site-packages .venv || exit 1
-py=.venv/bin/python
-$py -m pip install -q --no-index --no-deps --force-reinstall wheels/carve-*.whl || exit 1
+# The machine's python3 is itself a venv (with torch, CuPy, numba): a venv made from it would
+# see only the base interpreter's packages. Install beside it instead.
+py=python3
+site=$(mktemp -d)
+$py -m pip install -q --no-index --no-deps --no-compile --target "$site" wheels/carve-*.whl || exit 1
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 $py -c 'import pytest' 2>/dev/null || $py -m pip install -q --no-index --find-links deps pytest || exit 1
 $py -c 'import torch, cupy, numba; print("torch", torch.__version__, "| cupy", cupy.__version__, "| numba", numba.__version__)'
 export CARVE_REQUIRE_GPU=1 PYTHONDONTWRITEBYTECODE=1
