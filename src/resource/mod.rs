@@ -7,6 +7,7 @@
 mod arena;
 mod async_pool;
 mod binning;
+mod coalescing;
 mod cuda;
 mod fixed_size;
 mod host;

@@ -2,23 +2,19 @@
 //!
 //! Unlike RMM's pool, free blocks are indexed in O(1) size classes and coalesce through
 //! neighbour links (so it does not collapse with many live blocks), a free records no event
-//! (a stream is marked once per [`MARK_EVERY`](self::core::MARK_EVERY) frees), free blocks of
+//! (a stream is marked once per [`MARK_EVERY`](super::MARK_EVERY) frees), free blocks of
 //! all streams are merged before the pool grows, and
 //! [`release`](PoolMemoryResource::release) returns empty chunks.
 //!
 //! **Stream lifetime.** The pool names a stream to the driver only inside a call on that
-//! stream (see [`core`]), so streams may be destroyed while blocks freed on them sit in the
+//! stream (see the coalescing engine, `resource::coalescing`), so streams may be destroyed while blocks freed on them sit in the
 //! pool. (A new stream that the driver gives a destroyed one's handle is taken for it.)
-
-pub(crate) mod core;
-mod live;
-mod tlsf;
 
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use self::core::{allocate_from, footprint, free_into, PoolCore, GRAIN};
+use super::coalescing::core::{allocate_from, footprint, free_into, PoolCore, GRAIN};
 use super::stream_order::default_order;
 use super::{align_up, check_request, MemoryResource, Properties, StreamOrder};
 use crate::error::{Error, Result};

@@ -1,4 +1,4 @@
-//! The coalescing block index shared by the pool and the arena's per-thread arenas.
+//! The coalescing block index shared by the pool, the arena's per-thread arenas and the virtual-memory resource.
 //!
 //! Plain host bookkeeping over address ranges (it never touches the memory). Blocks are nodes
 //! in one array, linked to their neighbours in the chunk, so a free coalesces in O(1); free
