@@ -15,6 +15,7 @@ mod host_buffer;
 mod pool;
 mod simulated;
 mod stream_order;
+mod virtual_memory;
 
 pub use arena::{ArenaMemoryResource, ArenaOptions, ArenaStats};
 pub use binning::{Bin, BinningMemoryResource};
@@ -37,6 +38,10 @@ pub use pinned::{
 pub use pool::{PoolMemoryResource, PoolOptions, PoolStats};
 pub use simulated::{SimulatedMemoryResource, SimulatedUsage};
 pub use stream_order::{CudaOrder, HostOrder, OrderEvent, RecordingOrder, StreamOrder, MARK_EVERY};
+pub use virtual_memory::{
+    BackingCounters, ChunkLocation, CudaBacking, CudaBackingOptions, PhysicalBacking,
+    PhysicalHandle, SimulatedBacking, VirtualMemoryResource, VirtualOptions, VirtualStats,
+};
 
 use std::fmt;
 use std::ptr::NonNull;
