@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::target::{build_target, ResourceKind, ResourceOptions};
+use super::target::{build_target, LargeUpstream, ResourceKind, ResourceOptions};
 use super::{plan, read_log, replay, ReplayReport};
 use crate::error::{Error, Result};
 
@@ -23,9 +23,12 @@ pub struct ReplayArgs {
     /// Maximum pool size for suballocators.
     #[arg(long, value_parser = parse_size)]
     pub maximum_size: Option<usize>,
-    /// Block size (fixed) or largest bin (binning).
+    /// Block size (fixed), largest bin (binning) or chunk size (virtual, expandable).
     #[arg(long, value_parser = parse_size)]
     pub block_size: Option<usize>,
+    /// Binning: where requests above the largest bin go.
+    #[arg(long, value_enum, default_value_t = LargeUpstream::Pool)]
+    pub large_upstream: LargeUpstream,
     /// Replay over address-only simulated memory of this many GiB: no GPU needed, answers
     /// "would this log fit on a card this size with this resource?".
     #[arg(long, value_name = "GiB", value_parser = parse_gib)]
@@ -44,6 +47,7 @@ impl ReplayArgs {
             initial_size: self.initial_size,
             maximum_size: self.maximum_size,
             block_size: self.block_size,
+            large_upstream: self.large_upstream,
             simulate_capacity: self.simulate_capacity,
         }
     }
