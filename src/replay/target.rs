@@ -8,9 +8,10 @@ use crate::driver::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::resource::{
     ArenaMemoryResource, ArenaOptions, AsyncMemoryResource, BinningMemoryResource,
-    CudaBackingOptions, CudaMemoryResource, FixedSizeMemoryResource, FixedSizeOptions,
-    HostMemoryResource, PhysicalBacking, PoolMemoryResource, PoolOptions, SharedResource,
-    SimulatedMemoryResource, VirtualMemoryResource, VirtualOptions,
+    CudaBackingOptions, CudaMemoryResource, ExpandableMemoryResource, ExpandableOptions,
+    FixedSizeMemoryResource, FixedSizeOptions, HostMemoryResource, PhysicalBacking,
+    PoolMemoryResource, PoolOptions, SharedResource, SimulatedMemoryResource,
+    VirtualMemoryResource, VirtualOptions,
 };
 use crate::stream::StreamRef;
 
@@ -198,13 +199,16 @@ pub fn build_target(opts: &ResourceOptions, logged_streams: &[u64]) -> Result<Ta
             }));
             p
         }
-        ResourceKind::Virtual | ResourceKind::Expandable => {
-            virtual_resource(VirtualMemoryResource::on_device(
-                &device,
-                CudaBackingOptions::default(),
-                virtual_options(opts),
-            )?)
-        }
+        ResourceKind::Virtual => virtual_resource(VirtualMemoryResource::on_device(
+            &device,
+            CudaBackingOptions::default(),
+            virtual_options(opts),
+        )?),
+        ResourceKind::Expandable => expandable_resource(ExpandableMemoryResource::on_device(
+            &device,
+            CudaBackingOptions::default(),
+            expandable_options(opts),
+        )?),
         _ => counted_suballocator(opts, CudaMemoryResource::new(&device))?,
     };
     let mut owned = Vec::new();
@@ -233,11 +237,20 @@ pub fn build_target(opts: &ResourceOptions, logged_streams: &[u64]) -> Result<Ta
 
 /// The resource `opts` names over `capacity` bytes of address-only memory.
 fn simulated(opts: &ResourceOptions, capacity: usize) -> Result<Probes> {
-    if matches!(opts.kind, ResourceKind::Virtual | ResourceKind::Expandable) {
-        return Ok(virtual_resource(VirtualMemoryResource::simulated(
-            capacity,
-            virtual_options(opts),
-        )?));
+    match opts.kind {
+        ResourceKind::Virtual => {
+            return Ok(virtual_resource(VirtualMemoryResource::simulated(
+                capacity,
+                virtual_options(opts),
+            )?))
+        }
+        ResourceKind::Expandable => {
+            return Ok(expandable_resource(ExpandableMemoryResource::simulated(
+                capacity,
+                expandable_options(opts),
+            )?))
+        }
+        _ => {}
     }
     let sim = SimulatedMemoryResource::new(capacity)?;
     let (frag, hole) = (sim.clone(), sim.clone());
@@ -276,8 +289,30 @@ fn virtual_options(opts: &ResourceOptions) -> VirtualOptions {
     VirtualOptions {
         maximum: opts.maximum_size,
         chunk_size: opts.block_size,
-        expandable: opts.kind == ResourceKind::Expandable,
         ..VirtualOptions::default()
+    }
+}
+
+/// `--maximum-size` bounds the physical memory, `--block-size` sets the large pages' size.
+fn expandable_options(opts: &ResourceOptions) -> ExpandableOptions {
+    ExpandableOptions {
+        maximum: opts.maximum_size,
+        large_chunk: opts.block_size,
+        ..ExpandableOptions::default()
+    }
+}
+
+fn expandable_resource<B: PhysicalBacking>(r: ExpandableMemoryResource<B>) -> Probes {
+    let (peak, hole) = (r.clone(), r.clone());
+    Probes {
+        resource: Arc::new(r),
+        fragmentation: None,
+        peak_reserved: Some(Box::new(move || peak.stats().peak_physical)),
+        // Free pages of either range can be released and mapped again where needed.
+        largest_free: Some(Box::new(move || {
+            let s = hole.stats();
+            s.large.maximum.saturating_sub(s.physical) + s.small.free_mapped + s.large.free_mapped
+        })),
     }
 }
 

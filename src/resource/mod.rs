@@ -39,8 +39,9 @@ pub use pool::{PoolMemoryResource, PoolOptions, PoolStats};
 pub use simulated::{SimulatedMemoryResource, SimulatedUsage};
 pub use stream_order::{CudaOrder, HostOrder, OrderEvent, RecordingOrder, StreamOrder, MARK_EVERY};
 pub use virtual_memory::{
-    BackingCounters, ChunkLocation, CudaBacking, CudaBackingOptions, PhysicalBacking,
-    PhysicalHandle, SimulatedBacking, VirtualMemoryResource, VirtualOptions, VirtualStats,
+    BackingCounters, ChunkLocation, CountingBacking, CudaBacking, CudaBackingOptions,
+    ExpandableMemoryResource, ExpandableOptions, ExpandableStats, PhysicalBacking, PhysicalHandle,
+    SimulatedBacking, VirtualMemoryResource, VirtualOptions, VirtualStats,
 };
 
 use std::fmt;

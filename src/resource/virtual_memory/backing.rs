@@ -49,11 +49,12 @@ pub unsafe trait PhysicalBacking: Send + Sync + fmt::Debug + 'static {
     /// Creates a physical chunk of `size` bytes (a multiple of the granularity).
     fn create(&self, size: usize) -> Result<PhysicalHandle>;
 
-    /// Frees a physical chunk.
+    /// Frees a physical chunk of `size` bytes.
     ///
     /// # Safety
-    /// `handle` came from [`create`](Self::create), is mapped nowhere, and is never used again.
-    unsafe fn release(&self, handle: PhysicalHandle) -> Result<()>;
+    /// `handle` came from [`create`](Self::create)`(size)`, is mapped nowhere, and is never
+    /// used again.
+    unsafe fn release(&self, handle: PhysicalHandle, size: usize) -> Result<()>;
 
     /// Maps the whole of `handle` (of `size` bytes) at `va` and grants access to it.
     ///
@@ -98,9 +99,9 @@ unsafe impl<B: PhysicalBacking> PhysicalBacking for std::sync::Arc<B> {
     fn create(&self, size: usize) -> Result<PhysicalHandle> {
         (**self).create(size)
     }
-    unsafe fn release(&self, handle: PhysicalHandle) -> Result<()> {
+    unsafe fn release(&self, handle: PhysicalHandle, size: usize) -> Result<()> {
         // SAFETY: forwarded caller contract.
-        unsafe { (**self).release(handle) }
+        unsafe { (**self).release(handle, size) }
     }
     unsafe fn map(&self, va: usize, size: usize, handle: PhysicalHandle) -> Result<()> {
         // SAFETY: forwarded caller contract.
@@ -113,6 +114,103 @@ unsafe impl<B: PhysicalBacking> PhysicalBacking for std::sync::Arc<B> {
     #[cfg(unix)]
     fn export_fd(&self, handle: PhysicalHandle) -> Result<std::os::fd::OwnedFd> {
         (**self).export_fd(handle)
+    }
+}
+
+/// A backing that counts the physical bytes in chunks (created and not released) and their
+/// peak, for resources that share one backing.
+#[derive(Debug)]
+pub struct CountingBacking<B> {
+    inner: B,
+    limit: usize,
+    physical: std::sync::atomic::AtomicUsize,
+    peak: std::sync::atomic::AtomicUsize,
+}
+
+impl<B: PhysicalBacking> CountingBacking<B> {
+    /// Counts `inner`'s chunks, refusing to create more than `limit` bytes of them.
+    pub fn new(inner: B, limit: usize) -> Self {
+        CountingBacking {
+            inner,
+            limit,
+            physical: 0.into(),
+            peak: 0.into(),
+        }
+    }
+    /// The backing counted.
+    pub fn inner(&self) -> &B {
+        &self.inner
+    }
+    /// Physical bytes in chunks now.
+    pub fn physical(&self) -> usize {
+        self.physical.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    /// The most physical bytes in chunks at once.
+    pub fn peak_physical(&self) -> usize {
+        self.peak.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+// SAFETY: pure delegation, plus counters.
+unsafe impl<B: PhysicalBacking> PhysicalBacking for CountingBacking<B> {
+    fn granularity(&self) -> usize {
+        self.inner.granularity()
+    }
+    fn properties(&self) -> Properties {
+        self.inner.properties()
+    }
+    fn reserve(&self, size: usize) -> Result<usize> {
+        self.inner.reserve(size)
+    }
+    unsafe fn free_reservation(&self, va: usize, size: usize) -> Result<()> {
+        // SAFETY: forwarded caller contract.
+        unsafe { self.inner.free_reservation(va, size) }
+    }
+    fn create(&self, size: usize) -> Result<PhysicalHandle> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = self.physical.fetch_add(size, Relaxed) + size;
+        let created = if now > self.limit {
+            Err(Error::OutOfMemory {
+                bytes: size,
+                resource: "CountingBacking",
+                detail: format!(
+                    "{} bytes are in chunks, the limit is {}",
+                    now - size,
+                    self.limit
+                ),
+            })
+        } else {
+            self.inner.create(size)
+        };
+        match created {
+            Ok(h) => {
+                self.peak.fetch_max(now, Relaxed);
+                Ok(h)
+            }
+            Err(e) => {
+                self.physical.fetch_sub(size, Relaxed);
+                Err(e)
+            }
+        }
+    }
+    unsafe fn release(&self, handle: PhysicalHandle, size: usize) -> Result<()> {
+        // SAFETY: forwarded caller contract.
+        unsafe { self.inner.release(handle, size)? };
+        self.physical
+            .fetch_sub(size, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+    unsafe fn map(&self, va: usize, size: usize, handle: PhysicalHandle) -> Result<()> {
+        // SAFETY: forwarded caller contract.
+        unsafe { self.inner.map(va, size, handle) }
+    }
+    unsafe fn unmap(&self, va: usize, size: usize) -> Result<()> {
+        // SAFETY: forwarded caller contract.
+        unsafe { self.inner.unmap(va, size) }
+    }
+    #[cfg(unix)]
+    fn export_fd(&self, handle: PhysicalHandle) -> Result<std::os::fd::OwnedFd> {
+        self.inner.export_fd(handle)
     }
 }
 
@@ -290,12 +388,17 @@ unsafe impl PhysicalBacking for SimulatedBacking {
         Ok(h)
     }
 
-    unsafe fn release(&self, handle: PhysicalHandle) -> Result<()> {
+    unsafe fn release(&self, handle: PhysicalHandle, size: usize) -> Result<()> {
         let mut s = self.lock();
         match s.chunks.get(&handle) {
             None => return Err(bad(format!("release of unknown chunk {handle}"))),
             Some(&(_, mapped)) if mapped > 0 => {
                 return Err(bad(format!("release of chunk {handle} while mapped")))
+            }
+            Some(&(cs, _)) if cs != size => {
+                return Err(bad(format!(
+                    "release of chunk {handle} as {size} bytes, not {cs}"
+                )))
             }
             Some(_) => {}
         }
@@ -378,12 +481,12 @@ mod tests {
             b.map(va, G, h).unwrap();
             let h2 = b.create(G).unwrap();
             assert!(b.map(va, G, h2).is_err(), "overlap");
-            assert!(b.release(h).is_err(), "mapped");
+            assert!(b.release(h, G).is_err(), "mapped");
             assert!(b.free_reservation(va, 8 * G).is_err(), "has mappings");
             assert!(b.unmap(va, 2 * G).is_err(), "part of a mapping");
             b.unmap(va, G).unwrap();
-            b.release(h).unwrap();
-            b.release(h2).unwrap();
+            b.release(h, G).unwrap();
+            b.release(h2, G).unwrap();
             b.free_reservation(va, 8 * G).unwrap();
         }
         let c = b.counters();

@@ -209,7 +209,7 @@ unsafe impl PhysicalBacking for CudaBacking {
         Ok(handle)
     }
 
-    unsafe fn release(&self, handle: PhysicalHandle) -> Result<()> {
+    unsafe fn release(&self, handle: PhysicalHandle, _size: usize) -> Result<()> {
         self.device.bind()?;
         // SAFETY: the caller's contract: an unmapped chunk, never used again.
         check("cuMemRelease", unsafe { sys::cuMemRelease(handle) })

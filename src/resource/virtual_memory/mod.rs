@@ -23,10 +23,14 @@
 
 mod backing;
 mod cuda_backing;
+mod expandable;
 mod pages;
 
-pub use backing::{BackingCounters, PhysicalBacking, PhysicalHandle, SimulatedBacking};
+pub use backing::{
+    BackingCounters, CountingBacking, PhysicalBacking, PhysicalHandle, SimulatedBacking,
+};
 pub use cuda_backing::{ChunkLocation, CudaBacking, CudaBackingOptions};
+pub use expandable::{ExpandableMemoryResource, ExpandableOptions, ExpandableStats};
 
 use std::fmt;
 use std::ptr::NonNull;

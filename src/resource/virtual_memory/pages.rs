@@ -180,7 +180,7 @@ impl Pages {
             // live chunk of one page, mapped nowhere.
             if let Err(e) = unsafe { backing.map(va, self.page, handle) } {
                 // SAFETY: the chunk is mapped nowhere and no longer referenced.
-                let _ = unsafe { backing.release(handle) };
+                let _ = unsafe { backing.release(handle, self.page) };
                 if moved {
                     self.counters.releases += 1;
                 }
@@ -239,7 +239,7 @@ impl Pages {
             self.counters.mapped -= 1;
             self.counters.releases += 1;
             // SAFETY: just unmapped, referenced nowhere.
-            unsafe { backing.release(h)? };
+            unsafe { backing.release(h, self.page)? };
             released += self.page;
         }
         Ok(released)
@@ -253,7 +253,7 @@ impl Pages {
                 // block outlives it.
                 unsafe {
                     let _ = backing.unmap(self.base + i * self.page, self.page);
-                    let _ = backing.release(h);
+                    let _ = backing.release(h, self.page);
                 }
             }
         }

@@ -1,5 +1,6 @@
 use std::sync::Arc;
 
+use super::expandable::{ExpandableMemoryResource, ExpandableOptions};
 use super::*;
 use crate::resource::{OrderEvent, RecordingOrder};
 
@@ -233,5 +234,60 @@ fn random_sequences_keep_every_invariant() {
             r.trim().unwrap();
             r.check_invariants().unwrap();
         }
+    }
+}
+
+mod expandable_pool {
+    use super::*;
+
+    fn pool(capacity: usize) -> ExpandableMemoryResource<SimulatedBacking> {
+        ExpandableMemoryResource::simulated(capacity, ExpandableOptions::default()).unwrap()
+    }
+
+    fn take(r: &ExpandableMemoryResource<SimulatedBacking>, bytes: usize) -> usize {
+        r.allocate(A, bytes, 256).unwrap().as_ptr() as usize
+    }
+
+    fn give(r: &ExpandableMemoryResource<SimulatedBacking>, p: usize, bytes: usize) {
+        // SAFETY: simulated memory; the block came from `r` with `bytes`.
+        unsafe { r.deallocate(A, NonNull::new(p as *mut u8).unwrap(), bytes, 256) }.unwrap()
+    }
+
+    #[test]
+    fn small_and_large_requests_use_their_own_pages() {
+        let r = pool(256 * MIB);
+        let small: Vec<usize> = (0..64).map(|_| take(&r, 4096)).collect();
+        let large = take(&r, 3 * MIB);
+        let s = r.stats();
+        assert_eq!(s.small.mapped, PAGE, "64 small blocks share one 2 MiB page");
+        assert_eq!(s.large.mapped, 32 * MIB, "one large page");
+        assert_eq!(s.physical, PAGE + 32 * MIB);
+        assert_eq!(s.peak_physical, s.physical);
+        r.check_invariants().unwrap();
+        give(&r, large, 3 * MIB);
+        for p in small {
+            give(&r, p, 4096);
+        }
+        assert_eq!(r.trim().unwrap(), PAGE + 32 * MIB);
+        assert_eq!(r.stats().physical, 0);
+        r.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn the_other_ranges_free_pages_are_released_when_memory_runs_out() {
+        let r = pool(64 * MIB);
+        let small: Vec<usize> = (0..32).map(|_| take(&r, MIB)).collect();
+        for p in small {
+            give(&r, p, MIB);
+        }
+        assert_eq!(r.stats().small.free_mapped, 32 * MIB);
+        // 64 MiB of large pages need the small range's free 32 MiB back.
+        let big = take(&r, 64 * MIB);
+        let s = r.stats();
+        assert_eq!((s.small.mapped, s.large.mapped), (0, 64 * MIB));
+        assert!(s.peak_physical <= 64 * MIB);
+        assert!(r.allocate(A, 256, 256).unwrap_err().is_out_of_memory());
+        give(&r, big, 64 * MIB);
+        r.check_invariants().unwrap();
     }
 }
