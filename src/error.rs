@@ -70,6 +70,13 @@ pub enum Error {
     /// Any other argument a call cannot accept.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A resource that cannot allocate on a stream being captured into a CUDA graph was asked
+    /// to (its driver calls would invalidate the capture).
+    #[error("{resource} cannot allocate on a stream being captured into a CUDA graph: {detail}")]
+    StreamCapture {
+        resource: &'static str,
+        detail: String,
+    },
     /// The operation is not available on this resource, device or build.
     #[error("unsupported: {0}")]
     Unsupported(String),

@@ -10,6 +10,7 @@ mod binning;
 mod coalescing;
 mod cuda;
 mod fixed_size;
+mod graph_safe;
 mod host;
 mod host_buffer;
 mod pool;
@@ -27,6 +28,9 @@ mod pinned;
 pub use async_pool::{AsyncMemoryResource, AsyncPoolOptions, AsyncPoolStats, PoolAccess};
 pub use cuda::CudaMemoryResource;
 pub use fixed_size::{FixedSizeMemoryResource, FixedSizeOptions, FixedSizeStats};
+pub use graph_safe::{
+    CaptureQuery, DriverCapture, GraphPoolStats, GraphSafeMemoryResource, SimulatedCapture,
+};
 pub use host::HostMemoryResource;
 pub use host_buffer::HostBuffer;
 pub use location::{check_ordinal, Location};
