@@ -252,25 +252,24 @@ unsafe impl<R: MemoryResource + Clone> MemoryResource for GraphSafeMemoryResourc
             return self.inner.upstream.allocate(stream, bytes, align);
         };
         let mut pools = self.lock();
-        if !pools.contains_key(&capture) {
-            // No driver call may order streams inside a capture: host ordering, and no block
-            // is reused before the pool is released.
-            let pool = PoolMemoryResource::new(
-                Relaxed {
-                    upstream: self.inner.upstream.clone(),
-                    query: self.inner.query.clone(),
-                },
-                PoolOptions::new(0).order(Arc::new(HostOrder)),
-            )?;
-            pools.insert(
-                capture,
-                GraphPool {
+        let gp = match pools.entry(capture) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                // No driver call may order streams inside a capture: host ordering, and no
+                // block is reused before the pool is released.
+                let pool = PoolMemoryResource::new(
+                    Relaxed {
+                        upstream: self.inner.upstream.clone(),
+                        query: self.inner.query.clone(),
+                    },
+                    PoolOptions::new(0).order(Arc::new(HostOrder)),
+                )?;
+                e.insert(GraphPool {
                     pool,
                     blocks: HashMap::new(),
-                },
-            );
-        }
-        let gp = pools.get_mut(&capture).expect("inserted above");
+                })
+            }
+        };
         let p = gp.pool.allocate(stream, bytes, align)?;
         gp.blocks.insert(p.as_ptr() as usize, (bytes, align, false));
         Ok(p)
