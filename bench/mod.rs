@@ -8,6 +8,8 @@ pub mod device_alloc;
 mod driver_pool;
 pub mod random_allocations;
 pub mod table;
+pub mod trace_replay;
+pub mod virtual_growth;
 
 use clap::{Args, ValueEnum};
 
@@ -33,6 +35,10 @@ pub enum Workload {
     RandomAllocations,
     /// In-kernel allocation: carve's slab and bump against CUDA malloc and atomicAdd.
     DeviceAlloc,
+    /// Allocation traces replayed on every resource: ns/op, peak reserved and its ratio.
+    TraceReplay,
+    /// The growth cost of the virtual-memory resource and the expandable pool vs cuMemAlloc.
+    VirtualGrowth,
 }
 
 /// Runs the chosen workloads, printing each table as it completes.
@@ -42,6 +48,8 @@ pub fn run(args: &BenchArgs) -> carve::Result<()> {
         Workload::AdaptorOverhead,
         Workload::RandomAllocations,
         Workload::DeviceAlloc,
+        Workload::TraceReplay,
+        Workload::VirtualGrowth,
     ];
     let chosen = if args.workloads.is_empty() {
         &all[..]
@@ -56,6 +64,10 @@ pub fn run(args: &BenchArgs) -> carve::Result<()> {
                 .iter()
                 .for_each(|t| t.print()),
             Workload::DeviceAlloc => device_alloc::run(args.quick)?.print(),
+            Workload::TraceReplay => trace_replay::run(args.quick)?
+                .iter()
+                .for_each(|t| t.print()),
+            Workload::VirtualGrowth => virtual_growth::run(args.quick)?.print(),
         }
     }
     Ok(())
