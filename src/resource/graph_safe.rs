@@ -147,8 +147,14 @@ pub struct GraphPoolStats {
     pub pool: PoolStats,
 }
 
-/// Graph-capture-safe allocation over any upstream (see the [module docs](self)). Cheap to
-/// clone.
+/// Graph-capture-safe allocation over any upstream, as PyTorch's graph pools. Cheap to clone.
+///
+/// A request on a stream being captured is served from a private pool of that capture, grown
+/// from the upstream with the thread's capture mode relaxed. Its blocks keep their addresses
+/// after the capture, so the graph can be launched again and again; their frees (during the
+/// capture or after) are deferred until [`release_graph_pool`](Self::release_graph_pool).
+/// Requests on other streams go to the upstream, which should be a synchronous allocator
+/// ([`CudaMemoryResource`](crate::CudaMemoryResource), a virtual-memory resource).
 pub struct GraphSafeMemoryResource<R: MemoryResource + Clone> {
     inner: Arc<Inner<R>>,
 }

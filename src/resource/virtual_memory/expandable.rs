@@ -58,7 +58,11 @@ pub struct ExpandableStats {
 /// One of the two ranges.
 type Range<B> = VirtualMemoryResource<Arc<CountingBacking<B>>>;
 
-/// The expandable pool: see the [module docs](self). Cheap to clone.
+/// The expandable pool, in the role of PyTorch's expandable segments for any client: two
+/// growing ranges ([`VirtualMemoryResource`] in expandable mode) over one backing, small
+/// requests (up to 1 MiB) sharing 2 MiB pages and larger ones 32 MiB pages. Free pages anywhere
+/// are unmapped and their memory mapped where it is needed, so a large request never fails for
+/// lack of a contiguous hole while free memory exists. Cheap to clone.
 pub struct ExpandableMemoryResource<B: PhysicalBacking = CudaBacking> {
     backing: Arc<CountingBacking<B>>,
     small: Range<B>,

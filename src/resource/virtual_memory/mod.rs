@@ -143,8 +143,27 @@ pub struct VirtualStats {
     pub chunks_released: u64,
 }
 
-/// One reserved virtual range that grows in place, mapping physical chunks on demand (see the
-/// [module docs](self)). Cheap to clone (clones share the resource).
+/// One reserved virtual range that grows in place, mapping physical chunks on demand. Cheap to
+/// clone (clones share the resource).
+///
+/// The range is reserved once ([`PhysicalBacking::reserve`]), so addresses never move. Blocks
+/// are placed by carve's coalescing engine (TLSF best fit, stream-ordered reuse, as in
+/// [`PoolMemoryResource`](crate::PoolMemoryResource)) over the part of the range in use, which
+/// grows in large steps when no free block fits: a request never fails for want of a
+/// contiguous hole. Physical memory is counted in chunks (pages, a power-of-two multiple of the
+/// driver's granularity); a page is mapped while a live block touches it. A page whose blocks
+/// are all freed stays mapped and free; when a block needs a page mapped elsewhere, the chunk
+/// of a free page moves there (after one device-wide synchronisation), so the memory held
+/// follows the pages in use, not the history of the range. [`trim`](Self::trim) unmaps and
+/// frees every free page.
+///
+/// Two modes: whole chunks per block ([`VirtualOptions::new`]; a free leaves its pages free at
+/// once; a good upstream for other suballocators), or blocks of 256-byte grains that share
+/// pages ([`VirtualOptions::expandable`]; see also [`ExpandableMemoryResource`], which keeps
+/// small and large requests in two such ranges).
+///
+/// The backing is the CUDA driver ([`CudaBacking`]) or an address-only simulation
+/// ([`SimulatedBacking`]) that answers "would this fit in N GiB?" with no GPU.
 pub struct VirtualMemoryResource<B: PhysicalBacking = CudaBacking> {
     inner: Arc<Inner<B>>,
 }
