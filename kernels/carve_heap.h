@@ -18,9 +18,10 @@
  *                                     Released all at once by DeviceHeap::reset on the host.
  * None of them traps or unwinds; failures are counted in DeviceHeap::stats().
  *
- * The same module also exports carve_numba_slab_alloc, carve_numba_slab_free and
- * carve_numba_bump_alloc: the functions above under Numba's calling convention
- * (int f(T *result, args...), returning 0), for cuda.declare_device; see examples/numba_heap.py.
+ * The module exports exactly these functions and nothing else (tests/no_gpu.rs checks it): the
+ * three above and their Numba-convention forms, carve_numba_slab_alloc, carve_numba_slab_free
+ * and carve_numba_bump_alloc (int f(T *result, args...), returning 0), for cuda.declare_device;
+ * see examples/numba_heap.py.
  * A heap in memory that carve did not allocate (a Python device array) is formatted with
  * carve::heap::ForeignHeapPlan or `carve heap-layout`: zero the region, write the handle.
  */
@@ -40,6 +41,12 @@ extern "C" {
 __device__ void *carve_slab_alloc(const carve_heap_t *heap);
 __device__ void carve_slab_free(const carve_heap_t *heap, void *ptr);
 __device__ void *carve_bump_alloc(const carve_heap_t *heap, uint64_t bytes, uint64_t align);
+
+/* Numba's calling convention: the result goes to *ret, the return value is 0 (no exception). */
+__device__ int carve_numba_slab_alloc(uint64_t *ret, const carve_heap_t *heap);
+__device__ int carve_numba_slab_free(uint64_t *ret, const carve_heap_t *heap, void *ptr);
+__device__ int carve_numba_bump_alloc(uint64_t *ret, const carve_heap_t *heap, uint64_t bytes,
+                                      uint64_t align);
 
 #ifdef __cplusplus
 }

@@ -17,18 +17,28 @@ pub enum Error {
     NoDevice,
     /// A device ordinal outside `0..count`.
     #[error("device ordinal {ordinal} is out of range: {count} device(s) present")]
-    InvalidDevice { ordinal: usize, count: usize },
+    InvalidDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// How many devices the driver reports.
+        count: usize,
+    },
     /// A driver call failed.
     #[error("{call} failed: {code}")]
     Driver {
+        /// The driver entry point, e.g. `cuMemAlloc`.
         call: &'static str,
+        /// What it returned.
         code: DriverCode,
     },
     /// The driver's JIT linker refused its inputs; `log` is its error (and info) log.
     #[error("{call} failed: {code}: {log}")]
     Link {
+        /// The linker entry point that failed.
         call: &'static str,
+        /// What it returned.
         code: DriverCode,
+        /// The linker's error and info log.
         log: String,
     },
     /// A zero-byte request.
@@ -39,34 +49,59 @@ pub enum Error {
     InvalidAlignment(usize),
     /// Size and alignment overflow the address space once rounded.
     #[error("a request of {bytes} bytes aligned to {align} overflows the address space")]
-    SizeOverflow { bytes: usize, align: usize },
+    SizeOverflow {
+        /// The size asked for.
+        bytes: usize,
+        /// The alignment asked for.
+        align: usize,
+    },
     /// The resource could not satisfy the request.
     #[error("out of memory: {bytes} bytes requested from {resource}: {detail}")]
     OutOfMemory {
+        /// The size asked for.
         bytes: usize,
+        /// The resource that refused.
         resource: &'static str,
+        /// Why: the driver's code, a limit, the pool's state.
         detail: String,
     },
     /// A pointer this resource never handed out (or that was already freed).
     #[error("{resource} does not own pointer {ptr:#x}")]
-    UnknownPointer { resource: &'static str, ptr: usize },
+    UnknownPointer {
+        /// The resource asked to free it.
+        resource: &'static str,
+        /// The pointer's address.
+        ptr: usize,
+    },
     /// A pointer freed twice.
     #[error("{resource}: double free of pointer {ptr:#x}")]
-    DoubleFree { resource: &'static str, ptr: usize },
+    DoubleFree {
+        /// The resource asked to free it.
+        resource: &'static str,
+        /// The pointer's address.
+        ptr: usize,
+    },
     /// Deallocation with a size or alignment other than the allocation's.
     #[error(
         "{resource}: pointer {ptr:#x} was allocated as {allocated} bytes but freed as {freed}"
     )]
     SizeMismatch {
+        /// The resource asked to free it.
         resource: &'static str,
+        /// The pointer's address.
         ptr: usize,
+        /// The size it was allocated with.
         allocated: usize,
+        /// The size the free named.
         freed: usize,
     },
     /// A managed-memory operation (prefetch, advice, range query) on memory that
     /// `cuMemAllocManaged` did not allocate.
     #[error("{ptr:#x} is not managed memory (cuMemAllocManaged)")]
-    NotManaged { ptr: usize },
+    NotManaged {
+        /// The address given.
+        ptr: usize,
+    },
     /// Any other argument a call cannot accept.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -82,7 +117,12 @@ pub enum Error {
     Unsupported(String),
     /// An allocation log (CSV) that cannot be read or replayed, with the offending line.
     #[error("line {line}: {reason}")]
-    MalformedLog { line: u64, reason: String },
+    MalformedLog {
+        /// 1-based line of the log.
+        line: u64,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// An I/O error (logs, CSV files).
     #[error(transparent)]
     Io(#[from] std::io::Error),

@@ -43,7 +43,7 @@
 //! | [`current`] | the per-device current resource and `reinitialize` |
 //! | [`buffer`] | `DeviceBuffer`, `DeviceVec<T: Pod>` |
 //! | [`heap`] | `DeviceHeap`: blocks that kernels allocate and free |
-//! | [`replay`] | replaying RMM allocation logs |
+//! | `replay` | replaying RMM allocation logs (feature `cli`) |
 //! | [`driver`] | devices, streams, events, the embedded PTX |
 
 pub mod adaptor;
@@ -52,6 +52,7 @@ pub mod current;
 pub mod driver;
 pub mod error;
 pub mod heap;
+#[cfg(feature = "cli")]
 pub mod replay;
 pub mod resource;
 pub mod stream;

@@ -52,12 +52,12 @@ fn main() -> ExitCode {
 }
 
 fn info() -> carve::Result<()> {
-    let kernels: Vec<_> = carve::driver::kernel_names().collect();
+    let exports: Vec<_> = carve::driver::exported_symbols(carve::driver::PTX).collect();
     println!(
-        "carve {}: embedded PTX ({} bytes), kernels: {}",
+        "carve {}: embedded PTX ({} bytes), exports: {}",
         env!("CARGO_PKG_VERSION"),
         carve::driver::PTX.len(),
-        kernels.join(", ")
+        exports.join(", ")
     );
     let count = match carve::Device::count() {
         Ok(n) => n,

@@ -228,7 +228,7 @@ fn stress_threads_on_streams_under_a_limit() {
             let shared = shared.clone();
             std::thread::spawn(move || {
                 let stream = dev.new_stream().unwrap();
-                let kernels = dev.kernels().unwrap();
+                let kernels = dev.test_kernels().unwrap();
                 let mut live = Vec::new();
                 let mut refused = 0;
                 for i in 0..300u64 {

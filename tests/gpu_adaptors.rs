@@ -74,7 +74,7 @@ fn aligned_gives_the_cuda_resource_large_alignments() {
             )
         })
         .collect();
-    let k = dev.kernels().unwrap();
+    let k = dev.test_kernels().unwrap();
     let s = dev.new_stream().unwrap();
     for (p, n) in &blocks {
         assert_eq!(p.as_ptr() as usize % 65536, 0);
@@ -169,7 +169,7 @@ fn prefetch_moves_managed_memory_and_refuses_device_memory() {
     let s = dev.new_stream().unwrap();
     let mr = PrefetchResourceAdaptor::new(Managed(dev.clone()), &dev);
     let p = mr.allocate(s.as_ref(), 1 << 20, 256).unwrap();
-    let k = dev.kernels().unwrap();
+    let k = dev.test_kernels().unwrap();
     // SAFETY: 1 MiB of managed memory holds 2^18 u32s.
     unsafe { k.smoke_fill(&s, p.as_ptr() as u64, 1 << 18) }.unwrap();
     s.synchronize().unwrap();

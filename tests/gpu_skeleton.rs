@@ -128,7 +128,7 @@ fn smoke_kernel_writes_every_element() {
     let n = (1u32 << 20) + 3; // not a multiple of the block size
     let mut v = DeviceVec::<u32>::zeroed(n as usize, &s, cuda(&dev)).unwrap();
     // SAFETY: `v` holds n u32s on this device and nothing else uses it until we read back.
-    unsafe { dev.kernels().unwrap().smoke_fill(&s, v.as_ptr(), n) }.unwrap();
+    unsafe { dev.test_kernels().unwrap().smoke_fill(&s, v.as_ptr(), n) }.unwrap();
     let host = v.to_vec().unwrap();
     for (i, x) in host.iter().enumerate() {
         assert_eq!(*x, carve_kernels::smoke::pattern(i as u32), "element {i}");

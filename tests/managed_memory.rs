@@ -20,7 +20,7 @@ fn kernel_reads_and_writes_managed_memory_and_the_host_reads_it_back() {
     let mut buf = ManagedBuffer::from_slice(&mr, &init).unwrap();
     assert_eq!((mr.allocation_count(), mr.allocated_bytes()), (1, N * 4));
     let stream = dev.new_stream().unwrap();
-    let kernels = dev.kernels().unwrap();
+    let kernels = dev.test_kernels().unwrap();
 
     buf.prefetch(Location::Device(dev.ordinal()), &stream)
         .unwrap();

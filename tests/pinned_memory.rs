@@ -31,7 +31,12 @@ fn kernel_writes_through_a_mapped_pointer_and_the_host_sees_it_without_a_copy() 
     let stream = dev.new_stream().unwrap();
     let dptr = buf.device_ptr().unwrap();
     // SAFETY: N mapped u32s; the host reads only after the stream is synchronised.
-    unsafe { dev.kernels().unwrap().smoke_fill(&stream, dptr, N as u32) }.unwrap();
+    unsafe {
+        dev.test_kernels()
+            .unwrap()
+            .smoke_fill(&stream, dptr, N as u32)
+    }
+    .unwrap();
     stream.synchronize().unwrap();
     let bad = (0..N).find(|&i| buf.as_slice()[i] != pattern(i as u32));
     assert_eq!(bad, None);
@@ -41,7 +46,7 @@ fn kernel_writes_through_a_mapped_pointer_and_the_host_sees_it_without_a_copy() 
 fn every_flag_combination_round_trips_through_the_device() {
     let dev = carve::require_gpu!();
     let stream = dev.new_stream().unwrap();
-    let kernels = dev.kernels().unwrap();
+    let kernels = dev.test_kernels().unwrap();
     let device_mr = Arc::new(CudaMemoryResource::new(&dev));
     for flags in all_flag_sets() {
         let mr = PinnedHostMemoryResource::new(&dev, flags).unwrap();
@@ -104,7 +109,7 @@ fn registered_host_memory_is_mapped_for_kernels() {
         let stream = dev.new_stream().unwrap();
         // SAFETY: the registered range holds N u32s; read after synchronising.
         unsafe {
-            dev.kernels()
+            dev.test_kernels()
                 .unwrap()
                 .smoke_fill(&stream, reg.device_ptr().unwrap(), N as u32)
         }

@@ -72,7 +72,7 @@ fn pattern_check(dev: &Device, stream: &Stream, model: &Model) -> u32 {
     let d_ptrs = DeviceVec::from_slice(&ptrs, stream, plain.clone()).unwrap();
     let d_words = DeviceVec::from_slice(&words, stream, plain.clone()).unwrap();
     let d_bad = DeviceVec::<u32>::zeroed(1, stream, plain).unwrap();
-    let k = dev.kernels().unwrap();
+    let k = dev.test_kernels().unwrap();
     let cfg = LaunchConfig {
         grid_dim: (n.max(1), 1, 1),
         block_dim: (256, 1, 1),

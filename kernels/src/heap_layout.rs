@@ -160,8 +160,11 @@ impl HeapHandle {
 /// Slab geometry: the host's choice of shard size for `capacity` blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlabGeometry {
+    /// Words in the bitmap.
     pub nwords: u32,
+    /// Shards the bitmap is split into (a power of two).
     pub nshards: u32,
+    /// log2 of the words per shard.
     pub shard_words_log2: u32,
 }
 

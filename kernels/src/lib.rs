@@ -1,9 +1,11 @@
 //! carve's device-side code: allocators that CUDA kernels call, written once in `no_std` Rust.
 //!
 //! The same source compiles three ways:
-//! - for `nvptx64-nvidia-cuda`, where `build.rs` of the `carve` crate turns it into the PTX module
-//!   that carve embeds (kernel entry points and intrinsics live behind
-//!   `cfg(target_arch = "nvptx64")`);
+//! - for `nvptx64-nvidia-cuda`, where `build.rs` of the `carve` crate turns it into the PTX
+//!   modules that carve embeds (entry points and intrinsics live behind
+//!   `cfg(target_arch = "nvptx64")`): the shipped module, which exports exactly the device-heap
+//!   ABI of `kernels/carve_heap.h`, and, with the `test-kernels` feature, the module that only
+//!   carve's tests and benchmarks load;
 //! - for the host, where CPU threads stress the same algorithms;
 //! - for the host under `--cfg carve_loom`, where [`sync`] swaps in loom's atomics and loom
 //!   model-checks every interleaving.
@@ -28,10 +30,11 @@ pub mod sync;
 pub mod warp;
 
 #[cfg(target_arch = "nvptx64")]
-mod entry;
-#[cfg(target_arch = "nvptx64")]
 mod heap_entry;
 #[cfg(target_arch = "nvptx64")]
 mod numba_abi;
 #[cfg(target_arch = "nvptx64")]
 mod nvptx;
+// Kernels for carve's tests and benchmarks: a second PTX module, never the shipped one.
+#[cfg(all(target_arch = "nvptx64", feature = "test-kernels"))]
+mod test_entry;

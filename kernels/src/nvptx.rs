@@ -22,6 +22,12 @@ pub fn trap() -> ! {
     unsafe { nvptx::trap() }
 }
 
+// Device code cannot unwind or print; a panic ends the kernel and the host sees a launch failure.
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
+    trap()
+}
+
 /// (block index, thread index in the block, block size) in a 1-D launch.
 #[inline(always)]
 pub fn block_thread_dim() -> (u32, u32, u32) {

@@ -12,7 +12,7 @@
 //! Warps start at a hint ([`warp_hint`] on the GPU: neighbour warps land far apart, on
 //! different shard counts and words, in disjoint word-aligned runs of 32 when the grid fits),
 //! so on a fresh heap step 2 always wins. Lanes that lose
-//! (a bit already set, or a short reservation) take the slow path ([`Slab::alloc_slow`]): the
+//! (a bit already set, or a short reservation) take the slow path (`Slab::alloc_slow`): the
 //! leader claims the rest of the reservation word by word with one `fetch_or` per word, then
 //! scans the shard counts, one per lane, for other shards; a warp that finds none returns null
 //! (counted in the statistics). Without concurrent frees, a heap of `K` blocks serves exactly

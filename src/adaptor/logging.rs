@@ -31,8 +31,11 @@ pub const LOG_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
 /// The Action column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LogAction {
+    /// A successful allocation.
     Allocate,
+    /// A deallocation.
     Free,
+    /// An allocation that failed.
     AllocateFailure,
 }
 

@@ -15,8 +15,11 @@ use crate::stream::StreamRef;
 /// below zero.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counter {
+    /// The current value.
     pub value: i64,
+    /// The highest value seen.
     pub peak: i64,
+    /// The sum of all increments.
     pub total: i64,
 }
 

@@ -20,9 +20,13 @@ const FREED_MEMORY: usize = 1 << 16;
 /// One outstanding block.
 #[derive(Clone, Debug)]
 pub struct Allocation {
+    /// The block's address.
     pub ptr: usize,
+    /// Its size as requested.
     pub bytes: usize,
+    /// Its alignment as requested.
     pub align: usize,
+    /// The stream it was allocated on.
     pub stream: StreamRef,
     /// Where it was allocated, when the adaptor captures backtraces.
     pub backtrace: Option<Arc<Backtrace>>,

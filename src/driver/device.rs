@@ -17,24 +17,32 @@ struct Inner {
     ordinal: usize,
     ctx: Arc<CudaContext>,
     kernels: OnceLock<Result<Kernels, String>>,
+    test_kernels: OnceLock<Result<Kernels, String>>,
 }
 
 /// What `carve info` prints about a device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceProperties {
+    /// The device ordinal.
     pub ordinal: usize,
+    /// The device's name, as the driver reports it.
     pub name: String,
     /// (major, minor)
     pub compute_capability: (i32, i32),
+    /// Device memory in bytes.
     pub total_memory: usize,
+    /// Free device memory in bytes, when queried.
     pub free_memory: usize,
+    /// Streaming multiprocessors.
     pub multiprocessors: i32,
 }
 
 /// Free and total device memory (`cuMemGetInfo`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemInfo {
+    /// Free bytes.
     pub free: usize,
+    /// Total bytes.
     pub total: usize,
 }
 
@@ -67,6 +75,7 @@ impl Device {
                 ordinal,
                 ctx,
                 kernels: OnceLock::new(),
+                test_kernels: OnceLock::new(),
             }),
         };
         Ok(slot.get_or_init(|| dev).clone())
@@ -172,11 +181,23 @@ impl Device {
             .map_err(|e| Error::driver("cuCtxSynchronize", e))
     }
 
-    /// carve's embedded kernels, loaded into this context on first use.
+    /// carve's shipped module ([`super::PTX`]), loaded into this context on first use.
     pub fn kernels(&self) -> Result<&Kernels> {
-        self.inner
-            .kernels
-            .get_or_init(|| Kernels::load(self).map_err(|e| e.to_string()))
+        self.load_once(&self.inner.kernels, super::PTX)
+    }
+
+    /// The test and benchmark kernels ([`super::TEST_PTX`]), loaded on first use.
+    #[doc(hidden)]
+    pub fn test_kernels(&self) -> Result<&Kernels> {
+        self.load_once(&self.inner.test_kernels, super::TEST_PTX)
+    }
+
+    fn load_once<'a>(
+        &self,
+        slot: &'a OnceLock<Result<Kernels, String>>,
+        ptx: &str,
+    ) -> Result<&'a Kernels> {
+        slot.get_or_init(|| Kernels::load(self, ptx).map_err(|e| e.to_string()))
             .as_ref()
             .map_err(|e| Error::Unsupported(format!("loading carve's PTX module: {e}")))
     }

@@ -19,7 +19,9 @@ const LOG_BYTES: usize = 16 * 1024;
 /// One PTX text to link, named for the linker's messages.
 #[derive(Clone, Copy, Debug)]
 pub struct PtxInput<'a> {
+    /// The name the linker's log uses.
     pub name: &'a str,
+    /// The PTX text.
     pub ptx: &'a str,
 }
 

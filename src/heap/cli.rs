@@ -22,6 +22,7 @@ pub struct HeapPtxArgs {
 #[derive(clap::Args, Debug, Clone)]
 pub struct HeapLayoutArgs {
     #[command(subcommand)]
+    /// Which heap to lay out.
     pub kind: LayoutKind,
     /// Device address of the region (decimal or 0x-hex): prints the handle to write there.
     #[arg(long, global = true, value_parser = parse_address)]

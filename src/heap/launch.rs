@@ -35,7 +35,7 @@ macro_rules! launcher {
         /// stay valid until the launch completes on the stream.
         #[allow(clippy::too_many_arguments)]
         pub unsafe fn $name(&self, threads: u64, $($arg: $ty),*) -> Result<()> {
-            let f = self.stream.device().kernels()?.function($kernel)?;
+            let f = self.stream.device().test_kernels()?.function($kernel)?;
             let mut launch = self.stream.cudarc().launch_builder(&f);
             $(launch.arg(&$arg);)*
             // SAFETY: the argument list matches the kernel's signature; the caller vouches for

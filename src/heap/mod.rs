@@ -12,6 +12,7 @@
 //! - **Growth** appends a segment and links it from the last one's `next`; blocks already handed
 //!   out never move.
 
+#[cfg(feature = "cli")]
 pub mod cli;
 mod foreign;
 mod launch;
@@ -34,7 +35,10 @@ use crate::resource::{MemoryResource, SharedResource, DEFAULT_ALIGNMENT};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HeapKind {
     /// Fixed-size blocks, allocated and freed by kernels.
-    Slab { block_size: u64 },
+    Slab {
+        /// The size of every block in bytes.
+        block_size: u64,
+    },
     /// Byte ranges, allocated by kernels and released all at once by [`DeviceHeap::reset`].
     Bump,
 }

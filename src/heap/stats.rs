@@ -10,6 +10,7 @@ use super::HeapKind;
 /// What a heap has handed out. Units are blocks for a slab and bytes for a bump arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeapStats {
+    /// Slab or bump.
     pub kind: HeapKind,
     /// Blocks (slab) or bytes (bump) over all segments.
     pub capacity: u64,

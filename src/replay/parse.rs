@@ -12,11 +12,15 @@ use crate::error::{Error, Result};
 pub struct LogEvent {
     /// 1-based line in the file (the header is line 1).
     pub line: u64,
+    /// The logged thread id.
     pub thread: u64,
+    /// Allocate, free or failed allocation.
     pub action: LogAction,
     /// 0 for `(nil)`.
     pub ptr: u64,
+    /// The size in bytes.
     pub bytes: usize,
+    /// The logged stream handle.
     pub stream: u64,
 }
 

@@ -12,14 +12,20 @@ use crate::error::{Error, Result};
 pub enum Op {
     /// Allocate `bytes` on stream index `stream` into `slot`.
     Alloc {
+        /// The live-block slot the pointer goes to.
         slot: usize,
+        /// The size in bytes.
         bytes: usize,
+        /// The replay stream index.
         stream: usize,
     },
     /// Free the block in `slot` (of `bytes`) on stream index `stream`.
     Free {
+        /// The live-block slot the pointer comes from.
         slot: usize,
+        /// The size in bytes.
         bytes: usize,
+        /// The replay stream index.
         stream: usize,
     },
 }
@@ -27,15 +33,18 @@ pub enum Op {
 /// One step of the replay, in global log order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Step {
+    /// The log line it came from.
     pub line: u64,
     /// Index into [`Plan::threads`].
     pub thread: usize,
+    /// What to do.
     pub op: Op,
 }
 
 /// A checked log, ready to replay.
 #[derive(Clone, Debug, Default)]
 pub struct Plan {
+    /// The steps, in log order.
     pub steps: Vec<Step>,
     /// Logged thread ids, by index.
     pub threads: Vec<u64>,

@@ -26,9 +26,13 @@ pub struct FirstFailure {
 pub struct ReplayReport {
     /// Which resource ran it.
     pub resource: String,
+    /// Allocations replayed.
     pub allocations: usize,
+    /// Frees replayed.
     pub frees: usize,
+    /// Logged threads (one replay thread each).
     pub threads: usize,
+    /// Logged streams (one replay stream each).
     pub streams: usize,
     /// Highest bytes held at once during the replay.
     pub peak_bytes: usize,
@@ -39,10 +43,13 @@ pub struct ReplayReport {
     pub peak_reserved: Option<usize>,
     /// Wall time of the replayed steps (setup and final cleanup excluded).
     pub elapsed: Duration,
+    /// Allocations the resource refused.
     pub failed_allocations: usize,
+    /// The first refused allocation.
     pub first_failure: Option<FirstFailure>,
     /// Frees the resource refused (a resource bug, or a log that lies): (line, error) of the first.
     pub failed_frees: usize,
+    /// The first free the resource refused: log line and error.
     pub first_failed_free: Option<(u64, String)>,
     /// `allocate failure` rows in the log (not replayed).
     pub logged_failures: usize,

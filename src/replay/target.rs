@@ -68,6 +68,7 @@ impl fmt::Display for ResourceKind {
 /// The parsed `--resource` options.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ResourceOptions {
+    /// Which resource to build.
     pub kind: ResourceKind,
     /// Device ordinal for GPU resources.
     pub device: usize,
@@ -110,6 +111,7 @@ pub enum LargeUpstream {
 
 /// A resource ready to replay on, with the streams logged stream ids map to.
 pub struct Target {
+    /// The resource, type-erased.
     pub resource: SharedResource,
     /// A label for the report.
     pub name: String,

@@ -18,7 +18,9 @@ const NAME: &str = "BinningMemoryResource";
 /// One bin: requests up to `size` bytes go to `resource`.
 #[derive(Clone, Debug)]
 pub struct Bin {
+    /// The largest request this bin serves.
     pub size: usize,
+    /// The resource that serves it.
     pub resource: SharedResource,
 }
 

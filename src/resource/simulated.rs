@@ -44,11 +44,15 @@ struct Arena {
 /// A snapshot of a simulated resource's occupancy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SimulatedUsage {
+    /// The simulated capacity in bytes.
     pub capacity: usize,
     /// Bytes reserved by live blocks (rounded sizes).
     pub used: usize,
+    /// The highest bytes in use.
     pub peak: usize,
+    /// The largest free hole.
     pub largest_free: usize,
+    /// Blocks allocated and not yet freed.
     pub live_blocks: usize,
 }
 

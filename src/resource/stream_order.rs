@@ -78,7 +78,9 @@ pub enum OrderEvent {
     Mark(StreamRef),
     /// `wait_for_mark(waiter, signaller)` with distinct streams.
     Wait {
+        /// The stream that waits.
         waiter: StreamRef,
+        /// The stream whose event it waits on.
         signaller: StreamRef,
     },
     /// `synchronize_all()`.

@@ -101,6 +101,7 @@ impl fmt::Debug for FixedSizeOptions {
 /// A snapshot of a fixed-size resource.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FixedSizeStats {
+    /// The size of every block.
     pub block_size: usize,
     /// Refills made so far.
     pub slabs: usize,
