@@ -109,7 +109,9 @@ pub enum Error {
     /// to (its driver calls would invalidate the capture).
     #[error("{resource} cannot allocate on a stream being captured into a CUDA graph: {detail}")]
     StreamCapture {
+        /// The resource that refused.
         resource: &'static str,
+        /// Which stream, in which capture, and what to use instead.
         detail: String,
     },
     /// The operation is not available on this resource, device or build.
