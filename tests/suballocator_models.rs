@@ -7,10 +7,12 @@ mod common;
 
 use std::sync::Arc;
 
-use carve::resource::{ArenaOptions, FixedSizeOptions, PoolOptions};
+use carve::resource::{
+    ArenaOptions, ExpandableOptions, FixedSizeOptions, HostBacking, PoolOptions, VirtualOptions,
+};
 use carve::{
-    ArenaMemoryResource, BinningMemoryResource, FixedSizeMemoryResource, HostMemoryResource,
-    MemoryResource, PoolMemoryResource,
+    ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, FixedSizeMemoryResource,
+    HostMemoryResource, MemoryResource, PoolMemoryResource, VirtualMemoryResource,
 };
 use common::{run_ops, Op};
 use proptest::prelude::*;
@@ -50,6 +52,34 @@ proptest! {
             host.allocated_bytes() % 256
         };
         run_ops(&mr, &ops, true, &|| Ok(()), &large_live);
+    }
+
+    /// Over real host pages (memory files mapped into a reservation), so the data checks see
+    /// any page unmapped or moved under a live block.
+    #[test]
+    fn virtual_matches_the_model(ops in ops(60_000, 14), expandable: bool) {
+        let options = if expandable { VirtualOptions::expandable() } else { VirtualOptions::new() };
+        let mr = VirtualMemoryResource::new(
+            HostBacking::new(4096).unwrap(),
+            options.maximum(16 << 20).chunk_size(16 << 10),
+        )
+        .unwrap();
+        run_ops(&mr, &ops, true, &|| mr.check_invariants(), &|| mr.stats().bytes_in_use);
+        prop_assert_eq!(mr.stats().live_blocks, 0);
+    }
+
+    #[test]
+    fn expandable_matches_the_model(ops in ops(40_000, 12)) {
+        let options = ExpandableOptions {
+            maximum: Some(64 << 20),
+            small_limit: Some(8 << 10),
+            ..ExpandableOptions::default()
+        };
+        let mr = ExpandableMemoryResource::new(HostBacking::new(4096).unwrap(), options).unwrap();
+        run_ops(&mr, &ops, true, &|| mr.check_invariants(), &|| {
+            let s = mr.stats();
+            s.small.bytes_in_use + s.large.bytes_in_use
+        });
     }
 
     #[test]

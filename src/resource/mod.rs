@@ -42,6 +42,8 @@ pub use pinned::{
 pub use pool::{PoolMemoryResource, PoolOptions, PoolStats};
 pub use simulated::{SimulatedMemoryResource, SimulatedUsage};
 pub use stream_order::{CudaOrder, HostOrder, OrderEvent, RecordingOrder, StreamOrder, MARK_EVERY};
+#[cfg(target_os = "linux")]
+pub use virtual_memory::HostBacking;
 pub use virtual_memory::{
     BackingCounters, ChunkLocation, CountingBacking, CudaBacking, CudaBackingOptions,
     ExpandableMemoryResource, ExpandableOptions, ExpandableStats, PhysicalBacking, PhysicalHandle,

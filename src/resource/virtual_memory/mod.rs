@@ -24,6 +24,8 @@
 mod backing;
 mod cuda_backing;
 mod expandable;
+#[cfg(target_os = "linux")]
+mod host_backing;
 mod pages;
 
 pub use backing::{
@@ -31,6 +33,8 @@ pub use backing::{
 };
 pub use cuda_backing::{ChunkLocation, CudaBacking, CudaBackingOptions};
 pub use expandable::{ExpandableMemoryResource, ExpandableOptions, ExpandableStats};
+#[cfg(target_os = "linux")]
+pub use host_backing::HostBacking;
 
 use std::fmt;
 use std::ptr::NonNull;

@@ -291,3 +291,55 @@ mod expandable_pool {
         r.check_invariants().unwrap();
     }
 }
+
+/// Over real host pages with a tight maximum, so chunks move all the time: every live block
+/// keeps its bytes through every move, and the index and page table agree.
+#[cfg(target_os = "linux")]
+#[test]
+fn moved_pages_never_disturb_live_blocks() {
+    use rand::rngs::SmallRng;
+    use rand::{RngExt, SeedableRng};
+    let mut rng = SmallRng::seed_from_u64(5);
+    for expandable_mode in [true, false] {
+        let options = if expandable_mode {
+            VirtualOptions::expandable()
+        } else {
+            VirtualOptions::new()
+        };
+        let r = VirtualMemoryResource::new(
+            super::HostBacking::new(4096).unwrap(),
+            options.maximum(1 << 20).chunk_size(16 << 10),
+        )
+        .unwrap();
+        let mut live: Vec<(usize, usize, u8)> = vec![];
+        for step in 0..600 {
+            if live.is_empty() || rng.random_bool(0.5) {
+                let bytes = rng.random_range(1..100 << 10);
+                match r.allocate(A, bytes, 256) {
+                    Ok(p) => {
+                        let tag = (step % 251) as u8;
+                        // SAFETY: a fresh host-accessible block of `bytes` bytes.
+                        unsafe { std::ptr::write_bytes(p.as_ptr(), tag, bytes) };
+                        live.push((p.as_ptr() as usize, bytes, tag));
+                    }
+                    Err(e) => assert!(e.is_out_of_memory(), "{e}"),
+                }
+            } else {
+                let (p, bytes, _) = live.swap_remove(rng.random_range(0..live.len()));
+                free(&r, A, p, bytes);
+            }
+            for &(p, bytes, tag) in &live {
+                // SAFETY: a live block of `bytes` host-accessible bytes.
+                let data = unsafe { std::slice::from_raw_parts(p as *const u8, bytes) };
+                assert!(data.iter().all(|&b| b == tag), "block {p:#x} changed");
+            }
+            r.check_invariants().unwrap();
+        }
+        assert!(r.stats().chunks_moved > 0, "{:?}", r.stats());
+        for (p, bytes, _) in live {
+            free(&r, A, p, bytes);
+        }
+        r.trim().unwrap();
+        assert_eq!(r.stats().mapped, 0);
+    }
+}
