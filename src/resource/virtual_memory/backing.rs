@@ -36,8 +36,9 @@ pub unsafe trait PhysicalBacking: Send + Sync + fmt::Debug + 'static {
     /// Who may dereference mapped memory.
     fn properties(&self) -> Properties;
 
-    /// Reserves `size` bytes (a multiple of the granularity) of address space; maps nothing.
-    fn reserve(&self, size: usize) -> Result<usize>;
+    /// Reserves `size` bytes (a multiple of the granularity) of address space at an address
+    /// aligned to `align` (a power-of-two multiple of the granularity); maps nothing.
+    fn reserve(&self, size: usize, align: usize) -> Result<usize>;
 
     /// Returns a reservation.
     ///
@@ -89,8 +90,8 @@ unsafe impl<B: PhysicalBacking> PhysicalBacking for std::sync::Arc<B> {
     fn properties(&self) -> Properties {
         (**self).properties()
     }
-    fn reserve(&self, size: usize) -> Result<usize> {
-        (**self).reserve(size)
+    fn reserve(&self, size: usize, align: usize) -> Result<usize> {
+        (**self).reserve(size, align)
     }
     unsafe fn free_reservation(&self, va: usize, size: usize) -> Result<()> {
         // SAFETY: forwarded caller contract.
@@ -159,8 +160,8 @@ unsafe impl<B: PhysicalBacking> PhysicalBacking for CountingBacking<B> {
     fn properties(&self) -> Properties {
         self.inner.properties()
     }
-    fn reserve(&self, size: usize) -> Result<usize> {
-        self.inner.reserve(size)
+    fn reserve(&self, size: usize, align: usize) -> Result<usize> {
+        self.inner.reserve(size, align)
     }
     unsafe fn free_reservation(&self, va: usize, size: usize) -> Result<()> {
         // SAFETY: forwarded caller contract.
@@ -340,10 +341,14 @@ unsafe impl PhysicalBacking for SimulatedBacking {
         }
     }
 
-    fn reserve(&self, size: usize) -> Result<usize> {
+    fn reserve(&self, size: usize, align: usize) -> Result<usize> {
         self.check_aligned("reservation size", size)?;
+        self.check_aligned("reservation alignment", align)?;
+        if !align.is_power_of_two() {
+            return Err(bad(format!("reservation alignment {align}")));
+        }
         let mut s = self.lock();
-        let va = s.next_va;
+        let va = s.next_va.next_multiple_of(align);
         let end = va
             .checked_add(size)
             .filter(|&e| e <= isize::MAX as usize)
@@ -470,7 +475,8 @@ mod tests {
     #[test]
     fn checks_calls_as_the_driver_would() {
         let b = SimulatedBacking::new(4 * G, G).unwrap();
-        let va = b.reserve(8 * G).unwrap();
+        let va = b.reserve(8 * G, 4 * G).unwrap();
+        assert_eq!(va % (4 * G), 0);
         assert_eq!(va % G, 0);
         let h = b.create(G).unwrap();
         // SAFETY: simulated; nothing is dereferenced. The calls are checked, not trusted.
@@ -497,7 +503,7 @@ mod tests {
     #[test]
     fn capacity_is_physical_only() {
         let b = SimulatedBacking::new(2 * G, G).unwrap();
-        let _va = b.reserve(1 << 40).unwrap();
+        let _va = b.reserve(1 << 40, G).unwrap();
         let _x = b.create(G).unwrap();
         let _y = b.create(G).unwrap();
         assert!(b.create(G).unwrap_err().is_out_of_memory());

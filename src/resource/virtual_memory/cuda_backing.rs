@@ -169,12 +169,12 @@ unsafe impl PhysicalBacking for CudaBacking {
         Properties::DEVICE
     }
 
-    fn reserve(&self, size: usize) -> Result<usize> {
+    fn reserve(&self, size: usize, align: usize) -> Result<usize> {
         self.device.bind()?;
         let mut va: sys::CUdeviceptr = 0;
         // SAFETY: reserves address space only; the out-pointer is valid.
         check("cuMemAddressReserve", unsafe {
-            sys::cuMemAddressReserve(&mut va, size, self.granularity, 0, 0)
+            sys::cuMemAddressReserve(&mut va, size, align.max(self.granularity), 0, 0)
         })?;
         Ok(va as usize)
     }

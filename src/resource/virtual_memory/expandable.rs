@@ -158,10 +158,18 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
         Ok(self.small.trim()? + self.large.trim()?)
     }
 
-    /// Checks both ranges.
+    /// Checks both ranges, and that the chunks counted are the pages mapped.
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         self.small.check_invariants()?;
-        self.large.check_invariants()
+        self.large.check_invariants()?;
+        let s = self.stats();
+        if s.physical != s.small.mapped + s.large.mapped {
+            return Err(format!(
+                "{} bytes in chunks, {} + {} mapped",
+                s.physical, s.small.mapped, s.large.mapped
+            ));
+        }
+        Ok(())
     }
 
     /// The range a request of `bytes` goes to, and the other one.

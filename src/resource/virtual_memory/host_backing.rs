@@ -79,8 +79,8 @@ unsafe impl PhysicalBacking for HostBacking {
         Properties::HOST
     }
 
-    fn reserve(&self, size: usize) -> Result<usize> {
-        let g = self.granularity;
+    fn reserve(&self, size: usize, align: usize) -> Result<usize> {
+        let g = align.max(self.granularity);
         let total = size.checked_add(g).ok_or(Error::SizeOverflow {
             bytes: size,
             align: g,

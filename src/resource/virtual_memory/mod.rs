@@ -271,7 +271,7 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
             Some(o) => o,
             None => Arc::new(HostOrder),
         };
-        let base = backing.reserve(reserved)?;
+        let base = backing.reserve(reserved, page)?;
         Ok(VirtualMemoryResource {
             inner: Arc::new(Inner {
                 order,
