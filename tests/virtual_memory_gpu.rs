@@ -169,9 +169,14 @@ fn graph_captured_allocations_keep_their_addresses_across_launches() {
     let mr = GraphSafeMemoryResource::new(cuda.clone());
     let n = 1 << 16;
     let bytes = n * 4;
+    let before = mr.allocate(s.as_ref(), bytes, 256).unwrap().as_ptr() as usize;
+    s.synchronize().unwrap();
     s.cudarc()
         .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
         .unwrap();
+    // cuMemFree here would invalidate the capture: deferred to the next uncaptured call.
+    free(&mr, &s, before, bytes);
+    assert_eq!(mr.pending_frees(), 1);
     assert!(matches!(
         cuda.allocate(s.as_ref(), bytes, 256),
         Err(Error::StreamCapture { .. })
@@ -195,9 +200,11 @@ fn graph_captured_allocations_keep_their_addresses_across_launches() {
     let capture = mr
         .graph_pool_of(NonNull::new(b as *mut u8).unwrap())
         .unwrap();
+    assert_eq!(mr.pending_frees(), 1);
     for launch in 0..100 {
         // Other work between launches allocates outside capture, from the upstream.
         let other = mr.allocate(s.as_ref(), bytes, 256).unwrap().as_ptr() as usize;
+        assert_eq!(mr.pending_frees(), 0);
         for &g in &[a, b, c] {
             assert!(other + bytes <= g || g + bytes <= other, "launch {launch}");
         }

@@ -153,7 +153,9 @@ pub struct GraphPoolStats {
 /// from the upstream with the thread's capture mode relaxed. Its blocks keep their addresses
 /// after the capture, so the graph can be launched again and again; their frees (during the
 /// capture or after) are deferred until [`release_graph_pool`](Self::release_graph_pool).
-/// Requests on other streams go to the upstream, which should be a synchronous allocator
+/// A free of an upstream block on a captured stream is done at the next call on a stream that
+/// is not captured. Requests on other streams go to the upstream, which should be a synchronous
+/// allocator
 /// ([`CudaMemoryResource`](crate::CudaMemoryResource), a virtual-memory resource).
 pub struct GraphSafeMemoryResource<R: MemoryResource + Clone> {
     inner: Arc<Inner<R>>,
@@ -165,6 +167,10 @@ struct Inner<R: MemoryResource + Clone> {
     /// Capture id -> its pool. Also indexes every graph block (by pool), so a free finds its
     /// pool without a driver call.
     pools: Mutex<HashMap<u64, GraphPool<R>>>,
+    /// Frees of upstream blocks asked for on a captured stream (the upstream's free, e.g.
+    /// cuMemFree, would invalidate the capture): done at the next call on a stream that is not
+    /// captured. (stream, address, bytes, align).
+    pending: Mutex<Vec<(StreamRef, usize, usize, usize)>>,
 }
 
 impl<R: MemoryResource + Clone> Clone for GraphSafeMemoryResource<R> {
@@ -188,6 +194,7 @@ impl<R: MemoryResource + Clone> GraphSafeMemoryResource<R> {
                 upstream,
                 query,
                 pools: Mutex::new(HashMap::new()),
+                pending: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -241,6 +248,34 @@ impl<R: MemoryResource + Clone> GraphSafeMemoryResource<R> {
         Ok(size)
     }
 
+    /// Upstream frees deferred by a capture and not done yet.
+    pub fn pending_frees(&self) -> usize {
+        self.pending().len()
+    }
+
+    /// Does the upstream frees a capture deferred (called outside any capture).
+    fn flush_pending(&self) -> Result<()> {
+        let pending = std::mem::take(&mut *self.pending());
+        let mut first_error = Ok(());
+        for (stream, addr, bytes, align) in pending {
+            let ptr = NonNull::new(addr as *mut u8).expect("pending frees are non-null");
+            // SAFETY: a block of the upstream the client freed (its contract), taken out of the
+            // list so it is freed once; its stream is no longer captured, or the device waits.
+            let r = unsafe { self.inner.upstream.deallocate(stream, ptr, bytes, align) };
+            if first_error.is_ok() {
+                first_error = r;
+            }
+        }
+        first_error
+    }
+
+    fn pending(&self) -> MutexGuard<'_, Vec<(StreamRef, usize, usize, usize)>> {
+        self.inner
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn lock(&self) -> MutexGuard<'_, HashMap<u64, GraphPool<R>>> {
         // Map updates cannot panic midway.
         self.inner
@@ -255,6 +290,9 @@ impl<R: MemoryResource + Clone> GraphSafeMemoryResource<R> {
 unsafe impl<R: MemoryResource + Clone> MemoryResource for GraphSafeMemoryResource<R> {
     fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let Some(capture) = self.inner.query.capture_id(stream)? else {
+            if !self.pending().is_empty() {
+                self.flush_pending()?;
+            }
             return self.inner.upstream.allocate(stream, bytes, align);
         };
         let mut pools = self.lock();
@@ -312,6 +350,13 @@ unsafe impl<R: MemoryResource + Clone> MemoryResource for GraphSafeMemoryResourc
                     return Ok(());
                 }
             }
+        }
+        if self.inner.query.capture_id(stream)?.is_some() {
+            self.pending().push((stream, addr, bytes, align));
+            return Ok(());
+        }
+        if !self.pending().is_empty() {
+            self.flush_pending()?;
         }
         // SAFETY: not a graph block, so it came from the upstream: the caller's contract.
         unsafe { self.inner.upstream.deallocate(stream, ptr, bytes, align) }
@@ -378,6 +423,18 @@ mod tests {
         }
         let held = sim.usage().used;
         assert!(held > 0);
+        // A block from before the capture, freed inside it: the upstream's free waits for a
+        // stream that is not captured.
+        let before = r.allocate(T, 512, 256).unwrap();
+        capture.begin(S, 8);
+        // SAFETY: from `r` with these arguments.
+        unsafe { r.deallocate(S, before, 512, 256) }.unwrap();
+        assert_eq!(r.pending_frees(), 1);
+        capture.end(S);
+        let after = r.allocate(T, 512, 256).unwrap();
+        assert_eq!(r.pending_frees(), 0);
+        // SAFETY: from `r` with these arguments.
+        unsafe { r.deallocate(T, after, 512, 256) }.unwrap();
         // SAFETY: no graph uses the pool (there is none), and no pointer into it is used.
         let released = unsafe { r.release_graph_pool(7) }.unwrap();
         assert_eq!(released, held);
