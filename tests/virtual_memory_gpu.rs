@@ -170,6 +170,8 @@ fn graph_captured_allocations_keep_their_addresses_across_launches() {
     let n = 1 << 16;
     let bytes = n * 4;
     let before = mr.allocate(s.as_ref(), bytes, 256).unwrap().as_ptr() as usize;
+    // Loads the module outside the capture (loading is not a call to make inside one).
+    fill(&dev, &s, before, n, 0);
     s.synchronize().unwrap();
     s.cudarc()
         .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
