@@ -585,6 +585,28 @@ fn aligned_memory_is_usable_and_returned() {
     assert!(unsafe { mr.deallocate(S, NonNull::from(&mut local), 1, 8) }.is_err());
 }
 
+/// Regression (found by the conformance suite): a padded block freed with the wrong size was
+/// freed anyway, since the adaptor looked only at the address.
+#[test]
+fn aligned_refuses_a_padded_block_freed_with_the_wrong_size() {
+    let sim = SimulatedMemoryResource::new(1 << 24).unwrap();
+    let mr = AlignedResourceAdaptor::new(sim.clone(), 1 << 16, 4096).unwrap();
+    let big = mr.allocate(S, 5000, 8).unwrap();
+    let used = sim.usage().used;
+    for wrong in [4999, 5001, 100] {
+        // SAFETY: the wrong size on purpose; refused before anything is freed.
+        let r = unsafe { mr.deallocate(S, big, wrong, 8) };
+        assert!(
+            matches!(r, Err(Error::SizeMismatch { allocated: 5000, freed, .. }) if freed == wrong),
+            "{r:?}"
+        );
+    }
+    assert_eq!(sim.usage().used, used, "a refused free changed nothing");
+    // SAFETY: the block's one correct free.
+    unsafe { mr.deallocate(S, big, 5000, 8) }.unwrap();
+    assert_eq!(sim.usage().used, 0);
+}
+
 // ---------------------------------------------------------------- stacking
 
 #[test]

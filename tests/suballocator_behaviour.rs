@@ -359,3 +359,43 @@ fn arena_returns_empty_superblocks_and_routes_large_requests_globally() {
     assert_eq!(mr.stats().bytes_in_use, 0);
     mr.check_invariants().unwrap();
 }
+
+/// Regression: a small arena block freed with the superblock's size was routed to the global
+/// arena, which took it for the superblock itself and freed that while the arena still carved
+/// from it. A wrong size must be refused with the arena left intact.
+#[test]
+fn arena_refuses_a_small_block_freed_as_a_superblock() {
+    let opts = ArenaOptions {
+        superblock_size: 64 * KIB,
+        arenas: 1,
+        ..Default::default()
+    };
+    let mr = ArenaMemoryResource::new(HostMemoryResource::new(), opts).unwrap();
+    let s = stream(0);
+    let p = mr.allocate(s, 1000, 256).unwrap();
+    let q = mr.allocate(s, 1000, 256).unwrap();
+    for wrong in [64 * KIB, 100 * KIB] {
+        // SAFETY: the wrong size on purpose; refused before anything changes.
+        let r = unsafe { mr.deallocate(s, p, wrong, 256) };
+        assert!(
+            matches!(
+                r,
+                Err(Error::SizeMismatch { .. } | Error::UnknownPointer { .. })
+            ),
+            "freeing a 1000-byte block as {wrong}: {r:?}"
+        );
+        mr.check_invariants().unwrap();
+        assert_eq!(mr.stats().superblocks, 1);
+    }
+    let large = mr.allocate(s, 64 * KIB, 256).unwrap();
+    let (a, l) = (p.as_ptr() as usize, large.as_ptr() as usize);
+    assert!(
+        l + 64 * KIB <= a || a + 1000 <= l,
+        "the superblock was handed out again while its blocks live"
+    );
+    free(&mr, s, large, 64 * KIB);
+    free(&mr, s, q, 1000);
+    free(&mr, s, p, 1000);
+    assert_eq!(mr.stats().bytes_in_use, 0);
+    mr.check_invariants().unwrap();
+}

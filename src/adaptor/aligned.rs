@@ -9,12 +9,15 @@ use crate::error::{Error, Result};
 use crate::resource::{align_up, check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::stream::StreamRef;
 
+const NAME: &str = "AlignedResourceAdaptor";
+
 /// Aligns every request of at least `threshold` bytes to `alignment`.
 ///
 /// Upstreams only promise [`DEFAULT_ALIGNMENT`] (the driver refuses more), so a request that needs
 /// more is padded by `alignment - 256` bytes, the pointer is rounded up inside the padded block,
-/// and the adaptor remembers the block it came from. Requests that need no more than 256 bytes of
-/// alignment pass straight through.
+/// and the adaptor remembers the block it came from (a free of it with another size is refused
+/// with [`Error::SizeMismatch`]). Requests that need no more than 256 bytes of alignment pass
+/// straight through.
 #[derive(Debug)]
 pub struct AlignedResourceAdaptor<R> {
     inner: Arc<Inner<R>>,
@@ -25,8 +28,17 @@ struct Inner<R> {
     upstream: R,
     alignment: usize,
     threshold: usize,
-    /// Aligned address handed out -> (upstream block's address, upstream size).
-    padded: Mutex<HashMap<usize, (usize, usize)>>,
+    /// Aligned address handed out -> its padded upstream block.
+    padded: Mutex<HashMap<usize, Padded>>,
+}
+
+/// An over-aligned block: where its upstream block starts, that block's size, and the size the
+/// caller asked for (a free must name it, as for any other block).
+#[derive(Clone, Copy, Debug)]
+struct Padded {
+    base: usize,
+    size: usize,
+    requested: usize,
 }
 
 impl<R> Clone for AlignedResourceAdaptor<R> {
@@ -99,7 +111,12 @@ unsafe impl<R: MemoryResource> MemoryResource for AlignedResourceAdaptor<R> {
         // The offset is below `align - 256`, inside the padding, so this stays in the block.
         let ptr = NonNull::new(base.as_ptr().wrapping_add(addr - base.as_ptr() as usize))
             .expect("inside a non-null block");
-        lock(&self.inner.padded).insert(addr, (base.as_ptr() as usize, padded));
+        let block = Padded {
+            base: base.as_ptr() as usize,
+            size: padded,
+            requested: bytes,
+        };
+        lock(&self.inner.padded).insert(addr, block);
         Ok(ptr)
     }
 
@@ -111,7 +128,23 @@ unsafe impl<R: MemoryResource> MemoryResource for AlignedResourceAdaptor<R> {
         align: usize,
     ) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
-        let Some((base_addr, padded)) = lock(&self.inner.padded).remove(&addr) else {
+        let block = {
+            let mut map = lock(&self.inner.padded);
+            match map.get(&addr) {
+                Some(b) if b.requested != bytes => {
+                    // Refused before anything changes, as every resource refuses a wrong size.
+                    return Err(Error::SizeMismatch {
+                        resource: NAME,
+                        ptr: addr,
+                        allocated: b.requested,
+                        freed: bytes,
+                    });
+                }
+                Some(_) => map.remove(&addr),
+                None => None,
+            }
+        };
+        let Some(block) = block else {
             // SAFETY: not one of ours padded, so it went straight through with these arguments.
             return unsafe {
                 self.inner
@@ -120,17 +153,17 @@ unsafe impl<R: MemoryResource> MemoryResource for AlignedResourceAdaptor<R> {
             };
         };
         // Derived from `ptr`, so it keeps the block's provenance.
-        let base = NonNull::new(ptr.as_ptr().wrapping_sub(addr - base_addr))
+        let base = NonNull::new(ptr.as_ptr().wrapping_sub(addr - block.base))
             .expect("the upstream block's start is non-null");
-        // SAFETY: `base` came from the upstream as `padded` bytes at 256 alignment, and removing
-        // it from the map lets only this call free it.
+        // SAFETY: `base` came from the upstream as `block.size` bytes at 256 alignment, and
+        // removing it from the map lets only this call free it.
         let result = unsafe {
             self.inner
                 .upstream
-                .deallocate(stream, base, padded, DEFAULT_ALIGNMENT)
+                .deallocate(stream, base, block.size, DEFAULT_ALIGNMENT)
         };
         if result.is_err() {
-            lock(&self.inner.padded).insert(addr, (base_addr, padded));
+            lock(&self.inner.padded).insert(addr, block);
         }
         result
     }

@@ -177,6 +177,11 @@ impl<R: MemoryResource> ArenaMemoryResource<R> {
             .map_err(|e| format!("global arena: {e}"))
     }
 
+    /// True when some arena holds a live block at `addr` (a block it carved).
+    fn carved_by_an_arena(&self, addr: usize) -> bool {
+        self.inner.arenas.iter().any(|a| lock(a).index.owns(addr))
+    }
+
     /// Returns an empty superblock to the global arena.
     fn give_back(&self, core: &mut ArenaCore, base: usize, stream: StreamRef) -> Result<()> {
         if !core.index.remove_chunk(base) {
@@ -228,11 +233,14 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
         align: usize,
     ) -> Result<()> {
         let align = check_request(bytes, align, GRAIN)?;
-        if self.is_large(bytes) || align > GRAIN {
+        let addr = ptr.as_ptr() as usize;
+        // A small block freed with a large size or alignment goes to its arena, which refuses
+        // the mismatch: the global arena would take a block at a superblock's start for the
+        // superblock itself and free it while the arena still carves from it.
+        if (self.is_large(bytes) || align > GRAIN) && !self.carved_by_an_arena(addr) {
             // SAFETY: the caller's contract; large blocks came from the global arena.
             return unsafe { self.inner.global.deallocate(stream, ptr, bytes, align) };
         }
-        let addr = ptr.as_ptr() as usize;
         let mine = self.my_arena();
         let n = self.inner.arenas.len();
         // Usually the allocating thread frees; otherwise search the other arenas.
