@@ -14,11 +14,13 @@ use carve::adaptor::{
     LoggingResourceAdaptor, StatisticsResourceAdaptor, TrackingResourceAdaptor,
 };
 use carve::resource::{
-    ArenaOptions, Bin, FixedSizeOptions, PoolOptions, RecordingOrder, StreamOrder,
+    ArenaOptions, Bin, ExpandableOptions, FixedSizeOptions, HostBacking, PoolOptions,
+    RecordingOrder, StreamOrder, VirtualOptions,
 };
 use carve::{
-    ArenaMemoryResource, BinningMemoryResource, FixedSizeMemoryResource, HostMemoryResource,
-    MemoryResource, PoolMemoryResource, SimulatedMemoryResource, StreamRef,
+    ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, FixedSizeMemoryResource,
+    HostMemoryResource, MemoryResource, PoolMemoryResource, SimulatedMemoryResource, StreamRef,
+    VirtualMemoryResource,
 };
 use conformance::{recorded_stream_order, Env, Subject, Usage};
 
@@ -193,6 +195,57 @@ fn arena(env: &Cpu) -> Subject<ArenaMemoryResource<Up>> {
         .recorded(&env.order)
 }
 
+// The virtual-memory resources, over host memory files mapped into a host reservation (real,
+// writable memory) with 16 KiB chunks, bounded by [`LIMIT`].
+
+fn virtual_usage(r: &VirtualMemoryResource<HostBacking>) -> Usage {
+    let s = r.stats();
+    Usage::new(s.bytes_in_use, s.live_blocks)
+}
+
+fn virtual_whole_chunks(env: &Cpu) -> Subject<VirtualMemoryResource<HostBacking>> {
+    let opts = VirtualOptions::new()
+        .maximum(LIMIT)
+        .chunk_size(16 << 10)
+        .order(env.order());
+    Subject::new(VirtualMemoryResource::new(HostBacking::new(4096).unwrap(), opts).unwrap())
+        .usage(virtual_usage)
+        .invariants(|r| r.check_invariants())
+        .recorded(&env.order)
+        .size_mismatch_unchecked("blocks are whole chunks: a size of the same chunk count frees it")
+}
+
+fn virtual_expandable(env: &Cpu) -> Subject<VirtualMemoryResource<HostBacking>> {
+    let opts = VirtualOptions::expandable()
+        .maximum(LIMIT)
+        .chunk_size(16 << 10)
+        .order(env.order());
+    Subject::new(VirtualMemoryResource::new(HostBacking::new(4096).unwrap(), opts).unwrap())
+        .usage(virtual_usage)
+        .invariants(|r| r.check_invariants())
+        .recorded(&env.order)
+}
+
+fn expandable(env: &Cpu) -> Subject<ExpandableMemoryResource<HostBacking>> {
+    let opts = ExpandableOptions {
+        maximum: Some(LIMIT),
+        small_limit: Some(64 << 10),
+        small_chunk: Some(16 << 10),
+        large_chunk: Some(128 << 10),
+        order: Some(env.order()),
+    };
+    Subject::new(ExpandableMemoryResource::new(HostBacking::new(4096).unwrap(), opts).unwrap())
+        .usage(|r| {
+            let s = r.stats();
+            Usage::new(
+                s.small.bytes_in_use + s.large.bytes_in_use,
+                s.small.live_blocks + s.large.live_blocks,
+            )
+        })
+        .invariants(|r| r.check_invariants())
+        .recorded(&env.order)
+}
+
 // The adaptors, each over its own pool, so that they must pass streams on unchanged for the
 // stream-order check to hold.
 
@@ -257,6 +310,9 @@ conformance_suite! { cpu;
     binning => binning,
     binning_default => binning_default,
     arena => arena,
+    virtual_whole_chunks => virtual_whole_chunks,
+    virtual_expandable => virtual_expandable,
+    expandable => expandable,
     limiting => limiting,
     statistics => statistics,
     tracking => tracking,
