@@ -28,7 +28,7 @@ fn read(s: &Stream, ptr: usize, n: usize) -> Vec<u32> {
 
 /// Writes `pattern(i) + delta` into `n` words at `ptr`.
 fn fill(dev: &Device, s: &Stream, ptr: usize, n: usize, delta: u32) {
-    let k = dev.kernels().unwrap();
+    let k = dev.test_kernels().unwrap();
     // SAFETY: `ptr` is a live device block of at least `n` words, used only by this stream.
     unsafe {
         k.smoke_fill(s, ptr as u64, n as u32).unwrap();
@@ -170,7 +170,7 @@ fn graph_captured_allocations_keep_their_addresses_across_launches() {
     let n = 1 << 16;
     let bytes = n * 4;
     let before = mr.allocate(s.as_ref(), bytes, 256).unwrap().as_ptr() as usize;
-    // Loads the module outside the capture (loading is not a call to make inside one).
+    // Loads the test module outside the capture (loading is not a call to make inside one).
     fill(&dev, &s, before, n, 0);
     s.synchronize().unwrap();
     s.cudarc()
