@@ -23,9 +23,9 @@ pub type PhysicalHandle = u64;
 ///   reserved until [`free_reservation`](Self::free_reservation);
 /// - [`create`](Self::create) returns a handle to `size` bytes of physical memory nobody else
 ///   uses, until [`release`](Self::release);
-/// - after a successful [`map`](Self::map), the range addresses the handle's memory with the
-///   access [`properties`](Self::properties) state (for [`SimulatedBacking`]: no access at
-///   all), until [`unmap`](Self::unmap).
+/// - after a successful [`map`](Self::map) and [`set_access`](Self::set_access) over it, the
+///   range addresses the handle's memory with the access [`properties`](Self::properties)
+///   state (for [`SimulatedBacking`]: no access at all), until [`unmap`](Self::unmap).
 ///
 /// [`VirtualMemoryResource`](super::VirtualMemoryResource) relies on this to hand out blocks
 /// without checking them.
@@ -57,12 +57,24 @@ pub unsafe trait PhysicalBacking: Send + Sync + fmt::Debug + 'static {
     /// used again.
     unsafe fn release(&self, handle: PhysicalHandle, size: usize) -> Result<()>;
 
-    /// Maps the whole of `handle` (of `size` bytes) at `va` and grants access to it.
+    /// Maps the whole of `handle` (of `size` bytes) at `va`. The memory may be used only once
+    /// [`set_access`](Self::set_access) has covered it.
     ///
     /// # Safety
     /// `[va, va + size)` lies in a live reservation of this backing, is aligned to the
     /// granularity and has nothing mapped; `handle` is live and of `size` bytes.
     unsafe fn map(&self, va: usize, size: usize, handle: PhysicalHandle) -> Result<()>;
+
+    /// Grants the access [`properties`](Self::properties) states to `[va, va + size)`, which
+    /// one or more [`map`](Self::map)s cover wholly (one call for many mappings: on a GPU this
+    /// is the expensive step).
+    ///
+    /// # Safety
+    /// Every byte of the range is mapped by this backing.
+    unsafe fn set_access(&self, va: usize, size: usize) -> Result<()> {
+        let _ = (va, size);
+        Ok(())
+    }
 
     /// Unmaps a mapping.
     ///
@@ -107,6 +119,10 @@ unsafe impl<B: PhysicalBacking> PhysicalBacking for std::sync::Arc<B> {
     unsafe fn map(&self, va: usize, size: usize, handle: PhysicalHandle) -> Result<()> {
         // SAFETY: forwarded caller contract.
         unsafe { (**self).map(va, size, handle) }
+    }
+    unsafe fn set_access(&self, va: usize, size: usize) -> Result<()> {
+        // SAFETY: forwarded caller contract.
+        unsafe { (**self).set_access(va, size) }
     }
     unsafe fn unmap(&self, va: usize, size: usize) -> Result<()> {
         // SAFETY: forwarded caller contract.
@@ -204,6 +220,10 @@ unsafe impl<B: PhysicalBacking> PhysicalBacking for CountingBacking<B> {
     unsafe fn map(&self, va: usize, size: usize, handle: PhysicalHandle) -> Result<()> {
         // SAFETY: forwarded caller contract.
         unsafe { self.inner.map(va, size, handle) }
+    }
+    unsafe fn set_access(&self, va: usize, size: usize) -> Result<()> {
+        // SAFETY: forwarded caller contract.
+        unsafe { self.inner.set_access(va, size) }
     }
     unsafe fn unmap(&self, va: usize, size: usize) -> Result<()> {
         // SAFETY: forwarded caller contract.
@@ -447,6 +467,20 @@ unsafe impl PhysicalBacking for SimulatedBacking {
         Ok(())
     }
 
+    unsafe fn set_access(&self, va: usize, size: usize) -> Result<()> {
+        let s = self.lock();
+        // Every byte must be mapped: walk the mappings from `va`.
+        let mut at = va;
+        let end = va + size;
+        while at < end {
+            match s.maps.range(..=at).next_back() {
+                Some((&m, &(ms, _))) if m + ms > at => at = m + ms,
+                _ => return Err(bad(format!("set_access over {at:#x}, which is not mapped"))),
+            }
+        }
+        Ok(())
+    }
+
     unsafe fn unmap(&self, va: usize, size: usize) -> Result<()> {
         let mut s = self.lock();
         let Some(&(ms, h)) = s.maps.get(&va) else {
@@ -485,6 +519,8 @@ mod tests {
             assert!(b.map(va + 8 * G, G, h).is_err(), "outside the reservation");
             assert!(b.map(va, 2 * G, h).is_err(), "size is not the chunk's");
             b.map(va, G, h).unwrap();
+            b.set_access(va, G).unwrap();
+            assert!(b.set_access(va, 2 * G).is_err(), "not wholly mapped");
             let h2 = b.create(G).unwrap();
             assert!(b.map(va, G, h2).is_err(), "overlap");
             assert!(b.release(h, G).is_err(), "mapped");

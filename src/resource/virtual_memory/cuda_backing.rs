@@ -158,8 +158,8 @@ impl CudaBacking {
 }
 
 // SAFETY: every call is the driver's own, on this device's context: reservations, chunks and
-// mappings are the driver's, which keeps them disjoint; `map` grants read-write access to the
-// device (and the peers) before returning, so mapped memory is device-accessible as stated.
+// mappings are the driver's, which keeps them disjoint; `set_access` grants read-write access to
+// the device (and the peers), so mapped memory is device-accessible as stated.
 unsafe impl PhysicalBacking for CudaBacking {
     fn granularity(&self) -> usize {
         self.granularity
@@ -222,18 +222,17 @@ unsafe impl PhysicalBacking for CudaBacking {
         // chunk of `size` bytes.
         check("cuMemMap", unsafe {
             sys::cuMemMap(ptr, size, 0, handle, 0)
-        })?;
+        })
+    }
+
+    unsafe fn set_access(&self, va: usize, size: usize) -> Result<()> {
+        self.device.bind()?;
         let access = self.access();
-        // SAFETY: `ptr..ptr + size` was just mapped; the descriptors are valid for the call.
-        let granted = check("cuMemSetAccess", unsafe {
-            sys::cuMemSetAccess(ptr, size, access.as_ptr(), access.len())
-        });
-        if let Err(e) = granted {
-            // SAFETY: undo the mapping made above; nothing could use it yet.
-            let _ = unsafe { sys::cuMemUnmap(ptr, size) };
-            return Err(e);
-        }
-        Ok(())
+        // SAFETY: the caller's contract: the range is wholly mapped; the descriptors are valid
+        // for the call.
+        check("cuMemSetAccess", unsafe {
+            sys::cuMemSetAccess(va as sys::CUdeviceptr, size, access.as_ptr(), access.len())
+        })
     }
 
     unsafe fn unmap(&self, va: usize, size: usize) -> Result<()> {

@@ -151,6 +151,47 @@ impl Pages {
         if !self.free.is_empty() {
             order.synchronize_all()?;
         }
+        let mut mapped_now: Vec<usize> = Vec::new();
+        let result = self.map_each(backing, span, &mut mapped_now);
+        // One access grant per run of pages mapped now (the expensive call on a GPU).
+        let granted = result.and_then(|()| {
+            let mut k = 0;
+            while k < mapped_now.len() {
+                let mut run = 1;
+                while k + run < mapped_now.len() && mapped_now[k + run] == mapped_now[k] + run {
+                    run += 1;
+                }
+                let va = self.base + mapped_now[k] * self.page;
+                // SAFETY: pages `mapped_now[k..k + run]` are consecutive and were just mapped.
+                unsafe { backing.set_access(va, run * self.page)? };
+                k += run;
+            }
+            Ok(())
+        });
+        if granted.is_err() {
+            // Pages mapped now without access must never be handed out: take them back.
+            for &i in &mapped_now {
+                let h = self.pages[i].handle.take().expect("mapped just now");
+                // SAFETY: mapped just now by us, never handed out (no access yet).
+                unsafe {
+                    let _ = backing.unmap(self.base + i * self.page, self.page);
+                    let _ = backing.release(h, self.page);
+                }
+                self.counters.mapped -= 1;
+                self.counters.releases += 1;
+            }
+        }
+        granted
+    }
+
+    /// Maps every unmapped page of `span`, moving free pages' chunks first, and notes each in
+    /// `mapped_now`. Stops at the first failure.
+    fn map_each<B: PhysicalBacking>(
+        &mut self,
+        backing: &B,
+        span: std::ops::Range<usize>,
+        mapped_now: &mut Vec<usize>,
+    ) -> Result<()> {
         for i in span {
             if self.pages[i].handle.is_some() {
                 continue;
@@ -187,6 +228,7 @@ impl Pages {
                 return Err(e);
             }
             self.pages[i].handle = Some(handle);
+            mapped_now.push(i);
             self.counters.mapped += 1;
             self.counters.peak_mapped = self.counters.peak_mapped.max(self.counters.mapped);
             if moved {

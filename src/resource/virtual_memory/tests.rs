@@ -343,3 +343,85 @@ fn moved_pages_never_disturb_live_blocks() {
         assert_eq!(r.stats().mapped, 0);
     }
 }
+
+/// Simulated memory whose access grants are counted and can be made to fail.
+#[derive(Debug)]
+struct Grants {
+    inner: SimulatedBacking,
+    calls: std::sync::atomic::AtomicUsize,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+// SAFETY: delegation to the simulated backing; a failing grant grants nothing.
+unsafe impl PhysicalBacking for Grants {
+    fn granularity(&self) -> usize {
+        self.inner.granularity()
+    }
+    fn properties(&self) -> Properties {
+        self.inner.properties()
+    }
+    fn reserve(&self, size: usize, align: usize) -> Result<usize> {
+        self.inner.reserve(size, align)
+    }
+    unsafe fn free_reservation(&self, va: usize, size: usize) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.inner.free_reservation(va, size) }
+    }
+    fn create(&self, size: usize) -> Result<PhysicalHandle> {
+        self.inner.create(size)
+    }
+    unsafe fn release(&self, handle: PhysicalHandle, size: usize) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.inner.release(handle, size) }
+    }
+    unsafe fn map(&self, va: usize, size: usize, handle: PhysicalHandle) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.inner.map(va, size, handle) }
+    }
+    unsafe fn set_access(&self, va: usize, size: usize) -> Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.calls.fetch_add(1, Relaxed);
+        if self.fail.load(Relaxed) {
+            return Err(Error::Unsupported("no access today".into()));
+        }
+        // SAFETY: forwarded.
+        unsafe { self.inner.set_access(va, size) }
+    }
+    unsafe fn unmap(&self, va: usize, size: usize) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.inner.unmap(va, size) }
+    }
+}
+
+#[test]
+fn access_is_granted_once_per_run_and_a_refusal_maps_nothing() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let backing = Arc::new(Grants {
+        inner: SimulatedBacking::new(64 * MIB, PAGE).unwrap(),
+        calls: 0.into(),
+        fail: false.into(),
+    });
+    let r = VirtualMemoryResource::new(
+        backing.clone(),
+        VirtualOptions::expandable().maximum(64 * MIB),
+    )
+    .unwrap();
+    let a = alloc(&r, A, 5 * PAGE);
+    assert_eq!(r.stats().mapped, 5 * PAGE);
+    assert_eq!(backing.calls.load(Relaxed), 1, "five pages, one grant");
+    backing.fail.store(true, Relaxed);
+    let e = r.allocate(A, 3 * PAGE, 256).unwrap_err();
+    assert!(matches!(e, Error::Unsupported(_)), "{e}");
+    assert_eq!(
+        r.stats().mapped,
+        5 * PAGE,
+        "the pages mapped for it were taken back"
+    );
+    assert_eq!(backing.inner.counters().physical, 5 * PAGE);
+    r.check_invariants().unwrap();
+    backing.fail.store(false, Relaxed);
+    let b = alloc(&r, A, 3 * PAGE);
+    free(&r, A, b, 3 * PAGE);
+    free(&r, A, a, 5 * PAGE);
+    r.check_invariants().unwrap();
+}
