@@ -1,29 +1,23 @@
 #!/usr/bin/env python3
 """Numba @cuda.jit kernels that allocate and free from carve's device heap.
 
-- carve's PTX exports the heap's device functions; `carve heap-ptx` writes it to a file that
-  Numba links (`cuda.jit(link=[...])`). Numba calls foreign functions with its own convention
-  (`int f(T *result, args...)`), so the kernels declare the `carve_numba_*` forms.
-- The heap lives in a Numba device array, formatted as carve's DeviceHeap formats its own
-  regions: zero it, then write the 128-byte handle that `carve heap-layout ... --base ADDR`
-  prints for its address. `carve heap-layout ... --stats FILE` decodes the statistics from a
-  copy of the region's prefix.
+- ``carve.ptx_path()`` writes carve's PTX, which exports the heap's device functions, to a
+  file that Numba links (``cuda.jit(link=[...])``). Numba calls foreign functions with its own
+  convention (``int f(T *result, args...)``), so the kernels declare the ``carve_numba_*`` forms.
+- ``carve.DeviceHeap.slab(resource, capacity, block_size)`` and ``.bump(resource, capacity)``
+  reserve and format a heap from any device-accessible carve resource; kernels get its
+  ``address`` as a ``uint64``, and ``heap.stats()`` reads the statistics back.
 
-Run it (needs a GPU, numba-cuda and numpy):
+Run it (needs a GPU, the carve package, numba-cuda and numpy):
 
-    cargo build --release
-    python3 examples/numba_heap.py --carve target/release/carve
+    pip install ./python
+    python3 examples/numba_heap.py
 
 It checks its own results and exits non-zero on any mismatch.
 """
 
 import argparse
-import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 
 import numpy as np
 
@@ -31,6 +25,7 @@ if not hasattr(np, "row_stack"):
     # numba-cuda 0.30 overloads np.row_stack when it first compiles a kernel; NumPy removed it.
     np.row_stack = np.vstack
 
+import carve  # noqa: E402
 from numba import cuda, types  # noqa: E402 (after the shim above)
 
 try:  # numba-cuda keeps its own extension API; older Numba has only the core one.
@@ -112,35 +107,6 @@ def build_kernels(ptx_path):
     return slab_alloc_fill, slab_check_free, bump_alloc_fill, bump_check
 
 
-class Heap:
-    """A carve heap in a Numba device array, formatted through `carve heap-layout`."""
-
-    def __init__(self, carve, kind_args, workdir):
-        self.carve, self.kind_args, self.workdir = carve, kind_args, workdir
-        layout = self._layout()
-        self.bytes, self.stats_bytes = layout["bytes"], layout["stats_bytes"]
-        align = layout["align"]
-        self.mem = cuda.device_array(self.bytes + align, dtype=np.uint8)
-        raw = self.mem.__cuda_array_interface__["data"][0]
-        self.offset = (-raw) % align
-        self.address = np.uint64(raw + self.offset)  # a uint64 kernel argument, like the blocks
-        handle = bytes.fromhex(self._layout("--base", hex(int(self.address)))["handle"])
-        host = np.zeros(self.mem.size, dtype=np.uint8)
-        host[self.offset : self.offset + len(handle)] = np.frombuffer(handle, dtype=np.uint8)
-        self.mem.copy_to_device(host)
-
-    def _layout(self, *extra):
-        cmd = [self.carve, "heap-layout", *self.kind_args, *extra]
-        return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-
-    def stats(self):
-        cuda.synchronize()
-        prefix = self.mem[self.offset : self.offset + self.stats_bytes].copy_to_host()
-        path = os.path.join(self.workdir, "prefix.bin")
-        prefix.tofile(path)
-        return self._layout("--stats", path)["stats"]
-
-
 failures = 0
 
 
@@ -154,52 +120,58 @@ def blocks(n):
     return (n + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
 
 
-def slab_demo(kernels, carve, workdir):
+def slab_demo(kernels, resource, capacity):
     alloc_fill, check_free = kernels[0], kernels[1]
-    capacity, block = 1 << 20, 64
+    block = 64
     words = block // 4
-    heap = Heap(carve, ["slab", "--capacity", str(capacity), "--block-size", str(block)], workdir)
+    heap = carve.DeviceHeap.slab(resource, capacity, block)
+    address = np.uint64(heap.address)  # a uint64 kernel argument, like the blocks
     bad = cuda.to_device(np.zeros(1, dtype=np.uint32))
 
     n = 2 * capacity
     out = cuda.device_array(n, dtype=np.uint64)
-    alloc_fill[blocks(n), THREADS_PER_BLOCK](heap.address, out, words)
+    alloc_fill[blocks(n), THREADS_PER_BLOCK](address, out, words)
     ptrs = out.copy_to_host()
     live = np.sort(ptrs[ptrs != 0])
     check(live.size == capacity, f"slab: {live.size} of {n} requests served, capacity {capacity}")
     check(np.all(np.diff(live) >= block), "slab: no two blocks overlap")
+    cuda.synchronize()
     s = heap.stats()
     print(f"     stats after allocating: {s}")
     check(s["in_use"] == capacity and s["failed_allocs"] == capacity, "slab: stats count K in use, K failed")
 
-    check_free[blocks(n), THREADS_PER_BLOCK](heap.address, out, words, bad)
+    check_free[blocks(n), THREADS_PER_BLOCK](address, out, words, bad)
     check(bad.copy_to_host()[0] == 0, "slab: every block kept its pattern")
+    cuda.synchronize()
     s = heap.stats()
     print(f"     stats after freeing:    {s}")
     check(s["in_use"] == 0 and s["double_frees"] == 0 and s["foreign_frees"] == 0, "slab: all freed, none twice")
 
     again = cuda.device_array(capacity, dtype=np.uint64)
-    alloc_fill[blocks(capacity), THREADS_PER_BLOCK](heap.address, again, words)
+    alloc_fill[blocks(capacity), THREADS_PER_BLOCK](address, again, words)
     served = int(np.count_nonzero(again.copy_to_host()))
     check(served == capacity, f"slab: after exhaustion and frees, {served} of {capacity} served again")
-    check_free[blocks(capacity), THREADS_PER_BLOCK](heap.address, again, words, bad)
+    check_free[blocks(capacity), THREADS_PER_BLOCK](address, again, words, bad)
+    cuda.synchronize()
     s = heap.stats()
     check(s["in_use"] == 0 and bad.copy_to_host()[0] == 0, "slab: second round freed cleanly")
 
 
-def bump_demo(kernels, carve, workdir):
+def bump_demo(kernels, resource, n):
     alloc_fill, bump_check = kernels[2], kernels[3]
-    n, nbytes, align = 1 << 20, 48, np.uint64(64)  # uint64: `address % align` stays integral
-    heap = Heap(carve, ["bump", "--capacity", str(n * 80)], workdir)
+    nbytes, align = 48, np.uint64(64)  # uint64: `address % align` stays integral
+    heap = carve.DeviceHeap.bump(resource, n * 80)
+    address = np.uint64(heap.address)
     bad = cuda.to_device(np.zeros(1, dtype=np.uint32))
     out = cuda.device_array(n, dtype=np.uint64)
-    alloc_fill[blocks(n), THREADS_PER_BLOCK](heap.address, out, nbytes, align)
+    alloc_fill[blocks(n), THREADS_PER_BLOCK](address, out, nbytes, align)
     ptrs = out.copy_to_host()
     live = np.sort(ptrs[ptrs != 0])
     check(live.size == n, f"bump: {live.size} of {n} requests of {nbytes} B served")
     check(np.all(np.diff(live) >= nbytes) and np.all(live % align == 0), "bump: ranges disjoint and aligned")
     bump_check[blocks(n), THREADS_PER_BLOCK](out, nbytes, align, bad)
     check(bad.copy_to_host()[0] == 0, "bump: every range kept its pattern")
+    cuda.synchronize()
     s = heap.stats()
     print(f"     stats: {s}")
     check(s["failed_allocs"] == 0 and n * nbytes <= s["in_use"] <= n * 80, "bump: stats agree")
@@ -207,19 +179,16 @@ def bump_demo(kernels, carve, workdir):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--carve", default=os.environ.get("CARVE") or shutil.which("carve") or "target/release/carve",
-                    help="the carve binary (default: $CARVE, carve on PATH, target/release/carve)")
+    ap.add_argument("--capacity", type=int, default=1 << 20, help="slab blocks / bump ranges")
     args = ap.parse_args()
     if not cuda.is_available():
         sys.exit("no CUDA GPU visible to Numba")
     name = cuda.get_current_device().name
     print(f"device: {name.decode() if isinstance(name, bytes) else name}, numpy {np.__version__}")
-    with tempfile.TemporaryDirectory() as workdir:
-        ptx = os.path.join(workdir, "carve.ptx")
-        subprocess.run([args.carve, "heap-ptx", "--out", ptx], check=True)
-        kernels = build_kernels(ptx)
-        slab_demo(kernels, args.carve, workdir)
-        bump_demo(kernels, args.carve, workdir)
+    resource = carve.PoolResource(carve.CudaResource(0))
+    kernels = build_kernels(carve.ptx_path())
+    slab_demo(kernels, resource, args.capacity)
+    bump_demo(kernels, resource, args.capacity)
     print(f"{failures} check(s) failed" if failures else "all checks passed")
     sys.exit(1 if failures else 0)
 

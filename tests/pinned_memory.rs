@@ -162,25 +162,25 @@ fn bad_requests_and_frees_are_refused() {
     let s = StreamRef::DEFAULT;
     assert!(matches!(mr.allocate(s, 0, 8), Err(Error::ZeroSize)));
     assert!(matches!(
-        mr.allocate(s, 64, 8192),
+        mr.allocate(s, 64, 2 * carve::resource::PINNED_ALIGNMENT),
         Err(Error::Unsupported(_))
     ));
-    let p = mr.allocate(s, 10_000, 4096).unwrap();
-    assert_eq!(p.as_ptr() as usize % 4096, 0);
+    let p = mr.allocate(s, 10_000, 256).unwrap();
+    assert_eq!(p.as_ptr() as usize % 256, 0);
     let mut local = 0u8;
     // SAFETY: deliberately bad frees, refused before the driver sees them.
     unsafe {
         assert!(matches!(
-            mr.deallocate(s, NonNull::from(&mut local), 10_000, 4096),
+            mr.deallocate(s, NonNull::from(&mut local), 10_000, 256),
             Err(Error::UnknownPointer { .. })
         ));
         assert!(matches!(
-            mr.deallocate(s, p, 1, 4096),
+            mr.deallocate(s, p, 1, 256),
             Err(Error::SizeMismatch { .. })
         ));
-        mr.deallocate(s, p, 10_000, 4096).unwrap();
+        mr.deallocate(s, p, 10_000, 256).unwrap();
         assert!(matches!(
-            mr.deallocate(s, p, 10_000, 4096),
+            mr.deallocate(s, p, 10_000, 256),
             Err(Error::UnknownPointer { .. })
         ));
     }

@@ -1,0 +1,25 @@
+//! carve's C ABI, declared in `include/carve.h`.
+//!
+//! - [`registry`]: resources behind opaque handles. A handle is a registry id with a generation,
+//!   so a destroyed or forged handle is an error, never a dangling pointer.
+//! - [`make`]: building and composing resources, shared by the C functions and the Python
+//!   package.
+//! - [`stats`]: each resource's statistics as name/value pairs.
+//! - [`ffi`]: the `extern "C"` functions; each catches panics, returns an error code and keeps
+//!   a thread-local last-error string.
+//! - [`frameworks`]: the exact symbols PyTorch's `CUDAPluggableAllocator`, CuPy's
+//!   `CFunctionAllocator` and ONNX Runtime's CUDA execution provider call.
+//!
+//! Built as `libcarve_capi.so`; the Python extension module links this crate and exports the
+//! same symbols, so `carve.lib_path()` names a library that frameworks can load.
+
+pub mod current;
+pub mod error;
+pub mod ffi;
+pub mod frameworks;
+pub mod make;
+pub mod registry;
+pub mod stats;
+
+pub use error::{Code, FfiError};
+pub use registry::{Entry, Handle};

@@ -1,0 +1,90 @@
+"""carve: composable, stream-ordered CUDA memory resources (the role of RAPIDS RMM), with
+allocators for PyTorch (:mod:`carve.torch`), CuPy (:mod:`carve.cupy`) and Numba
+(:mod:`carve.numba`), and device heaps that kernels allocate from (:class:`DeviceHeap`).
+
+>>> import carve
+>>> pool = carve.PoolResource(carve.CudaResource(0), initial_size=1 << 30)
+>>> carve.set_current_resource(0, pool)
+>>> buf = carve.DeviceBuffer(1 << 20)          # from the current resource
+>>> import cupy; a = cupy.asarray(buf)           # no copy (__cuda_array_interface__)
+"""
+
+from __future__ import annotations
+
+import os as _os
+
+from . import _carve
+from ._carve import DeviceBuffer, DeviceHeap, device_count, is_available, mem_info, ptx_path
+from ._errors import (
+    BadPointerError,
+    CarveError,
+    CarveIOError,
+    DriverError,
+    InvalidArgumentError,
+    InvalidHandleError,
+    NoDeviceError,
+    OutOfMemoryError,
+    UnsupportedError,
+)
+from ._resources import (
+    ArenaResource,
+    AsyncResource,
+    BinningResource,
+    CudaResource,
+    FixedSizeResource,
+    HostResource,
+    LimitingAdaptor,
+    LoggingAdaptor,
+    ManagedResource,
+    PinnedResource,
+    PoolResource,
+    Resource,
+    StatisticsAdaptor,
+    TrackingAdaptor,
+    get_current_resource,
+    set_current_resource,
+)
+
+__version__ = "0.1.0"
+
+
+def lib_path() -> str:
+    """Path of the shared library that exports carve's C ABI (``include/carve.h``): this
+    package's extension module. Frameworks load their allocator symbols from it."""
+    return _os.path.abspath(_carve.__file__)
+
+
+__all__ = [
+    "ArenaResource",
+    "AsyncResource",
+    "BadPointerError",
+    "BinningResource",
+    "CarveError",
+    "CarveIOError",
+    "CudaResource",
+    "DeviceBuffer",
+    "DeviceHeap",
+    "DriverError",
+    "FixedSizeResource",
+    "HostResource",
+    "InvalidArgumentError",
+    "InvalidHandleError",
+    "LimitingAdaptor",
+    "LoggingAdaptor",
+    "ManagedResource",
+    "NoDeviceError",
+    "OutOfMemoryError",
+    "PinnedResource",
+    "PoolResource",
+    "Resource",
+    "StatisticsAdaptor",
+    "TrackingAdaptor",
+    "UnsupportedError",
+    "device_count",
+    "get_current_resource",
+    "is_available",
+    "lib_path",
+    "mem_info",
+    "ptx_path",
+    "set_current_resource",
+]

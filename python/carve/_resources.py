@@ -1,0 +1,250 @@
+"""Resource classes. Each wraps a :class:`carve._carve.Resource` (in ``_r``) and composes as in
+Rust: an adaptor or suballocator takes its upstream as its first argument and keeps it alive."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional, Union
+
+from . import _carve
+
+Number = Union[int, float]
+
+
+class Resource:
+    """A carve memory resource. Build one of the subclasses; don't instantiate this directly."""
+
+    __slots__ = ("_r", "_upstream")
+
+    def __init__(self, raw: "_carve.Resource", upstream: Optional["Resource"] = None) -> None:
+        self._r = raw
+        self._upstream = upstream
+
+    @classmethod
+    def _wrap(cls, raw: "_carve.Resource") -> "Resource":
+        obj = cls.__new__(cls)
+        Resource.__init__(obj, raw)
+        return obj
+
+    @property
+    def kind(self) -> str:
+        """"cuda", "pool", "statistics", ... ("current" for a resource set outside Python)."""
+        return self._r.kind
+
+    @property
+    def handle(self) -> int:
+        """This resource's handle in carve's C ABI (``include/carve.h``)."""
+        return self._r.handle
+
+    @property
+    def upstream(self) -> Optional["Resource"]:
+        """The resource this one allocates from (None for plain resources)."""
+        return self._upstream
+
+    @property
+    def device_accessible(self) -> bool:
+        """Kernels may dereference this resource's pointers."""
+        return self._r.device_accessible
+
+    @property
+    def host_accessible(self) -> bool:
+        """Host code may dereference this resource's pointers."""
+        return self._r.host_accessible
+
+    def allocate(self, nbytes: int, alignment: int = 256, stream: int = 0) -> int:
+        """Allocates ``nbytes`` aligned to ``alignment`` on ``stream`` (a CUstream as an int);
+        returns the address. Prefer :class:`carve.DeviceBuffer`, which frees itself."""
+        return self._r.allocate(nbytes, alignment, stream)
+
+    def deallocate(self, ptr: int, nbytes: int, alignment: int = 256, stream: int = 0) -> None:
+        """Frees a block from :meth:`allocate` with the same size and alignment."""
+        self._r.deallocate(ptr, nbytes, alignment, stream)
+
+    def stats(self) -> Dict[str, Number]:
+        """The resource's statistics (empty for resources that keep none)."""
+        return self._r.stats()
+
+    def release(self) -> int:
+        """Returns unused memory upstream (pool, arena, driver pool); the bytes released."""
+        return self._r.release()
+
+    def __repr__(self) -> str:
+        return f"<carve.{type(self).__name__} {self.kind} {self.handle:#x}>"
+
+
+class CudaResource(Resource):
+    """``cuMemAlloc`` / ``cuMemFree`` on one device."""
+
+    __slots__ = ()
+
+    def __init__(self, device: int = 0) -> None:
+        super().__init__(_carve.make_cuda(device))
+
+
+class ManagedResource(Resource):
+    """Managed (unified) memory, ``cuMemAllocManaged``."""
+
+    __slots__ = ()
+
+    def __init__(self, device: int = 0) -> None:
+        super().__init__(_carve.make_managed(device))
+
+
+class PinnedResource(Resource):
+    """Pinned (page-locked) host memory, ``cuMemHostAlloc``."""
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        device: int = 0,
+        *,
+        portable: bool = False,
+        device_mapped: bool = False,
+        write_combined: bool = False,
+    ) -> None:
+        super().__init__(_carve.make_pinned(device, portable, device_mapped, write_combined))
+
+
+class AsyncResource(Resource):
+    """A new CUDA driver memory pool (``cuMemAllocAsync``), as RMM's cuda_async resource."""
+
+    __slots__ = ()
+
+    @property
+    def pool_handle(self) -> int:
+        """The driver pool (``CUmemoryPool`` as an int), e.g. for
+        ``cupy.cuda.MemoryAsyncPool(pool_handle)`` to share it."""
+        return self._r.pool_handle
+
+    def __init__(
+        self,
+        device: int = 0,
+        initial_size: int = 0,
+        release_threshold: Optional[int] = None,
+        hard_limit: Optional[int] = None,
+    ) -> None:
+        super().__init__(_carve.make_async(device, initial_size, release_threshold, hard_limit))
+
+
+class HostResource(Resource):
+    """Pageable host memory. Needs no GPU; refuses foreign pointers and double frees."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(_carve.make_host())
+
+
+class PoolResource(Resource):
+    """A coalescing, stream-ordered pool over ``upstream`` (RMM's pool role)."""
+
+    __slots__ = ()
+
+    def __init__(
+        self, upstream: Resource, initial_size: int = 0, maximum_size: Optional[int] = None
+    ) -> None:
+        super().__init__(_carve.make_pool(_as_raw(upstream), initial_size, maximum_size), upstream)
+
+
+class BinningResource(Resource):
+    """Power-of-two bins ``2**min_exp .. 2**max_exp`` over ``upstream``."""
+
+    __slots__ = ()
+
+    def __init__(self, upstream: Resource, min_exp: int = 8, max_exp: int = 22) -> None:
+        super().__init__(_carve.make_binning(_as_raw(upstream), min_exp, max_exp), upstream)
+
+
+class ArenaResource(Resource):
+    """Per-thread arenas over ``upstream``; zeros pick the defaults."""
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        upstream: Resource,
+        superblock_size: int = 0,
+        arenas: int = 0,
+        maximum_size: Optional[int] = None,
+    ) -> None:
+        raw = _carve.make_arena(_as_raw(upstream), superblock_size, arenas, maximum_size)
+        super().__init__(raw, upstream)
+
+
+class FixedSizeResource(Resource):
+    """Blocks of ``block_size`` bytes over ``upstream``."""
+
+    __slots__ = ()
+
+    def __init__(self, upstream: Resource, block_size: int, blocks_per_refill: int = 0) -> None:
+        raw = _carve.make_fixed_size(_as_raw(upstream), block_size, blocks_per_refill)
+        super().__init__(raw, upstream)
+
+
+class LimitingAdaptor(Resource):
+    """Refuses requests once ``limit`` bytes are live (:class:`carve.OutOfMemoryError`)."""
+
+    __slots__ = ()
+
+    def __init__(self, upstream: Resource, limit: int) -> None:
+        super().__init__(_carve.make_limiting(_as_raw(upstream), limit), upstream)
+
+
+class StatisticsAdaptor(Resource):
+    """Counts current, peak and total bytes and allocations (see :meth:`stats`)."""
+
+    __slots__ = ()
+
+    def __init__(self, upstream: Resource) -> None:
+        super().__init__(_carve.make_statistics(_as_raw(upstream)), upstream)
+
+
+class TrackingAdaptor(Resource):
+    """Tracks outstanding blocks; refuses foreign pointers and double frees."""
+
+    __slots__ = ()
+
+    def __init__(self, upstream: Resource, capture_backtraces: bool = False) -> None:
+        super().__init__(_carve.make_tracking(_as_raw(upstream), capture_backtraces), upstream)
+
+
+class LoggingAdaptor(Resource):
+    """Logs every call as RMM's CSV to ``path`` (readable by ``carve replay``)."""
+
+    __slots__ = ()
+
+    def __init__(
+        self, upstream: Resource, path: Union[str, "os.PathLike[str]"], auto_flush: bool = False
+    ) -> None:
+        super().__init__(_carve.make_logging(_as_raw(upstream), os.fspath(path), auto_flush), upstream)
+
+
+_current: Dict[int, Resource] = {}
+
+
+def set_current_resource(device: int, resource: Resource) -> Resource:
+    """Makes ``resource`` current for ``device``; returns the resource it replaces."""
+    if not isinstance(resource, Resource):
+        raise TypeError(f"expected a carve resource, got {type(resource).__name__}")
+    before = get_current_resource(device)
+    _carve.set_current_resource(device, resource._r)
+    _current[device] = resource
+    return before
+
+
+def get_current_resource(device: int = 0) -> Resource:
+    """The current resource of ``device`` (a cuda resource until one is set)."""
+    raw = _carve.get_current_resource(device)
+    known = _current.get(device)
+    if known is not None and raw.same_as(known._r):
+        return known
+    return Resource._wrap(raw)
+
+
+def _as_raw(resource: Any) -> "_carve.Resource":
+    if isinstance(resource, Resource):
+        return resource._r
+    if isinstance(resource, _carve.Resource):
+        return resource
+    raise TypeError(f"expected a carve resource, got {type(resource).__name__}")

@@ -1,0 +1,172 @@
+"""PyTorch allocates through carve.
+
+Recommended: :func:`mem_pool` gives a ``torch.cuda.MemPool`` whose segments come from a carve
+resource. PyTorch's caching allocator stays in charge of blocks, so ``memory_stats``,
+snapshots, ``torch.compile``, CUDA graphs and the out-of-memory retry keep working, and an
+exhausted carve resource surfaces as ``torch.OutOfMemoryError``::
+
+    pool = carve.torch.mem_pool(carve.PoolResource(carve.CudaResource(0), 1 << 30))
+    with torch.cuda.use_mem_pool(pool):
+        y = model(x)
+
+:func:`use` replaces PyTorch's allocator for the whole process
+(``torch.cuda.memory.change_current_allocator``): every tensor is allocated and freed by the
+device's current carve resource. PyTorch's caching statistics are then empty. It must run
+before PyTorch allocates any CUDA memory.
+
+PyTorch's ``CUDAPluggableAllocator`` does not check the pointer its allocation function returns
+(a null pointer becomes a tensor at address 0). So :func:`use` installs a small C++ shim,
+compiled once against the installed PyTorch's headers with the system C++ compiler and cached,
+that throws ``c10::OutOfMemoryError`` (``torch.OutOfMemoryError``) when carve returns null. If no
+compiler is available it warns and installs carve's functions directly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+import warnings
+from typing import Dict, Optional, Tuple
+
+import torch as _torch
+
+from . import _carve, lib_path
+from ._resources import Resource, set_current_resource
+
+__all__ = ["mem_pool", "use", "pluggable_allocator", "slot_of"]
+
+# slot -> (resource, CUDAPluggableAllocator); kept alive for the life of the process because
+# PyTorch may call a pool's free function until it exits.
+_slots: Dict[int, Tuple[Resource, object]] = {}
+_global: Optional[object] = None
+_shim: Optional[ctypes.CDLL] = None  # the out-of-memory shim, loaded once
+
+
+def slot_of(resource: Resource) -> int:
+    """The PyTorch slot (``carve_torch_alloc_<slot>``) bound to ``resource``, binding a free
+    one on first use. There are ``carve._carve.TORCH_SLOTS`` slots."""
+    for slot, (r, _) in _slots.items():
+        if r is resource:
+            return slot
+    for slot in range(_carve.TORCH_SLOTS):
+        if slot not in _slots:
+            _carve.torch_bind_slot(slot, resource._r)
+            alloc = _torch.cuda.memory.CUDAPluggableAllocator(
+                lib_path(), f"carve_torch_alloc_{slot}", f"carve_torch_free_{slot}"
+            )
+            _slots[slot] = (resource, alloc)
+            return slot
+    raise RuntimeError(
+        f"carve.torch: all {_carve.TORCH_SLOTS} PyTorch slots are bound; reuse a resource"
+    )
+
+
+def pluggable_allocator(resource: Resource) -> "_torch.cuda.memory.CUDAPluggableAllocator":
+    """A ``CUDAPluggableAllocator`` that allocates from ``resource``."""
+    if not isinstance(resource, Resource):
+        raise TypeError(f"expected a carve resource, got {type(resource).__name__}")
+    return _slots[slot_of(resource)][1]  # type: ignore[return-value]
+
+
+def mem_pool(resource: Resource, **kwargs: object) -> "_torch.cuda.MemPool":
+    """A ``torch.cuda.MemPool`` whose segments come from ``resource``. Extra keyword arguments
+    go to ``MemPool`` (e.g. ``use_on_oom``). Use it with ``torch.cuda.use_mem_pool(pool)``."""
+    alloc = pluggable_allocator(resource)
+    return _torch.cuda.MemPool(alloc.allocator(), **kwargs)  # type: ignore[attr-defined]
+
+
+_SHIM = r"""
+#include <c10/util/Exception.h>
+#include <dlfcn.h>
+#include <sys/types.h>
+
+namespace {
+using alloc_fn = void* (*)(ssize_t, int, void*);
+using error_fn = const char* (*)();
+alloc_fn carve_alloc = nullptr;
+error_fn carve_error = nullptr;
+}  // namespace
+
+extern "C" int carve_shim_init(const char* lib) {
+  void* h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+  if (h == nullptr) h = dlopen(lib, RTLD_NOW);
+  if (h == nullptr) return 1;
+  carve_alloc = reinterpret_cast<alloc_fn>(dlsym(h, "carve_torch_alloc"));
+  carve_error = reinterpret_cast<error_fn>(dlsym(h, "carve_last_error"));
+  return carve_alloc != nullptr && carve_error != nullptr ? 0 : 2;
+}
+
+// PyTorch calls this from C++, where exceptions are how allocators report failure.
+extern "C" void* carve_torch_alloc_or_throw(ssize_t size, int device, void* stream) {
+  void* p = carve_alloc(size, device, stream);
+  TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr || size == 0,
+                   "carve: CUDA out of memory on device ", device, ": ", carve_error());
+  return p;
+}
+"""
+
+
+def _checked_alloc_address() -> Optional[int]:
+    """The address of the shim's throwing allocation function, or None if it cannot be built."""
+    from torch.utils import cpp_extension
+
+    abi = int(getattr(_torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    key = hashlib.sha256(f"{_SHIM}{_torch.__version__}{abi}".encode()).hexdigest()[:16]
+    cache = os.environ.get("CARVE_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "carve")
+    out = os.path.join(cache, f"torch_oom_shim_{key}.so")
+    try:
+        if not os.path.exists(out):
+            os.makedirs(cache, exist_ok=True)
+            src = out[:-3] + ".cpp"
+            with open(src, "w") as f:
+                f.write(_SHIM)
+            libdirs = cpp_extension.library_paths()
+            cmd = [os.environ.get("CXX", "c++"), "-O2", "-shared", "-fPIC", "-std=c++17",
+                   f"-D_GLIBCXX_USE_CXX11_ABI={abi}", src, "-o", out + ".tmp"]
+            cmd += [f"-I{p}" for p in cpp_extension.include_paths()]
+            cmd += [f"-L{p}" for p in libdirs] + [f"-Wl,-rpath,{p}" for p in libdirs]
+            cmd += ["-lc10", "-ldl"]
+            subprocess.run(cmd, check=True, capture_output=True, text=True)
+            os.replace(out + ".tmp", out)
+        shim = ctypes.CDLL(out)
+        shim.carve_shim_init.argtypes = [ctypes.c_char_p]
+        if shim.carve_shim_init(lib_path().encode()) != 0:
+            raise OSError(f"the shim could not find carve's symbols in {lib_path()}")
+        global _shim
+        _shim = shim
+        return ctypes.cast(shim.carve_torch_alloc_or_throw, ctypes.c_void_p).value
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = getattr(e, "stderr", "") or str(e)
+        warnings.warn(
+            "carve.torch.use: could not build the out-of-memory shim (a C++ compiler and "
+            f"PyTorch's headers are needed): {detail.strip()[:500]}. An exhausted carve resource "
+            "will give PyTorch a null pointer instead of raising torch.OutOfMemoryError.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+
+
+def use(resource: Resource, device: Optional[int] = None) -> None:
+    """Makes ``resource`` the current carve resource of ``device`` (default: the current torch
+    device) and routes every PyTorch CUDA allocation to the current carve resources. The swap
+    happens once per process, before PyTorch allocates; later calls only change the resource."""
+    global _global
+    if device is None:
+        device = _torch.cuda.current_device()
+    set_current_resource(device, resource)
+    if _global is None:
+        fns = _carve.function_addresses()
+        checked = _checked_alloc_address()
+        if checked is None:
+            alloc = _torch.cuda.memory.CUDAPluggableAllocator(
+                lib_path(), "carve_torch_alloc", "carve_torch_free"
+            )
+        else:
+            raw = _torch._C._cuda_customAllocator(checked, fns["carve_torch_free"])
+            alloc = _torch.cuda.memory._CUDAAllocator(raw)
+        _torch.cuda.memory.change_current_allocator(alloc)
+        _global = alloc

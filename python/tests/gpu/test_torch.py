@@ -1,0 +1,68 @@
+"""PyTorch under carve: a small transformer trained inside carve.torch.mem_pool(...), its
+memory statistics and out-of-memory behaviour; the global swap (use) runs in a subprocess."""
+
+import gc
+
+import pytest
+
+import carve
+
+from .conftest import need, run_script
+
+torch = need("torch")
+import carve.torch  # noqa: E402
+
+from .transformer import SHAPES, make_model, train  # noqa: E402
+
+MiB = 1 << 20
+
+
+def test_training_in_a_carve_mem_pool_matches_native_and_reports_stats():
+    torch.manual_seed(0)
+    native = train(make_model(seed=0), SHAPES, seed=1)
+
+    res = carve.StatisticsAdaptor(carve.PoolResource(carve.CudaResource(0), 64 * MiB))
+    pool = carve.torch.mem_pool(res)
+    with torch.cuda.use_mem_pool(pool):
+        losses = train(make_model(seed=0), SHAPES, seed=1)
+    torch.cuda.synchronize()
+    assert losses == pytest.approx(native, rel=1e-3, abs=1e-4)
+    s = res.stats()
+    assert s["peak_bytes"] > 0 and s["total_count"] > 0
+    # PyTorch's own accounting still works: the pool's segments show in its snapshot.
+    segments = pool.snapshot()
+    held = sum(seg["total_size"] for seg in segments)
+    assert segments and held == s["current_bytes"], (held, s)
+    assert torch.cuda.memory_stats()["allocated_bytes.all.peak"] > 0
+    del pool
+    gc.collect()
+
+
+def test_an_exhausted_resource_is_torch_out_of_memory():
+    lim = carve.LimitingAdaptor(carve.CudaResource(0), 32 * MiB)
+    pool = carve.torch.mem_pool(lim)
+    with torch.cuda.use_mem_pool(pool):
+        small = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+        again = torch.ones(4 * MiB, dtype=torch.uint8, device="cuda")
+        assert int(again.sum().item()) == 4 * MiB
+    del small, again
+
+
+def test_two_pools_use_two_resources():
+    a = carve.StatisticsAdaptor(carve.CudaResource(0))
+    b = carve.StatisticsAdaptor(carve.CudaResource(0))
+    pa, pb = carve.torch.mem_pool(a), carve.torch.mem_pool(b)
+    assert carve.torch.slot_of(a) != carve.torch.slot_of(b)
+    with torch.cuda.use_mem_pool(pa):
+        x = torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
+    with torch.cuda.use_mem_pool(pb):
+        y = torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
+    assert a.stats()["current_bytes"] >= 8 * MiB and b.stats()["current_bytes"] >= 8 * MiB
+    del x, y
+
+
+def test_use_swaps_the_global_allocator():
+    out = run_script("torch_use.py")
+    assert "torch use: ok" in out

@@ -1,0 +1,70 @@
+"""DeviceBuffer over host memory: DLPack into NumPy, lifetime, and the protocol's errors."""
+
+import gc
+
+import numpy as np
+import pytest
+
+import carve
+
+
+def test_dlpack_into_numpy_is_writable_and_shares_memory():
+    stats = carve.StatisticsAdaptor(carve.HostResource())
+    buf = carve.DeviceBuffer(1000, stats)
+    assert buf.nbytes == len(buf) == 1000 and buf.resource is stats
+    assert buf.__dlpack_device__() == (1, 0)  # kDLCPU
+    a = np.from_dlpack(buf)
+    assert a.shape == (1000,) and a.dtype == np.uint8
+    a[:] = 7
+    b = np.from_dlpack(buf)
+    assert b.ctypes.data == buf.ptr and int(b.sum()) == 7000
+
+
+def test_the_block_lives_until_the_last_view_goes():
+    stats = carve.StatisticsAdaptor(carve.HostResource())
+    buf = carve.DeviceBuffer(4096, stats)
+    view = np.from_dlpack(buf)
+    del buf
+    gc.collect()
+    assert stats.stats()["current_count"] == 1
+    view[:] = 1  # still valid memory
+    del view
+    gc.collect()
+    assert stats.stats()["current_count"] == 0
+
+
+def test_unconsumed_capsules_free_their_reference():
+    stats = carve.StatisticsAdaptor(carve.HostResource())
+    buf = carve.DeviceBuffer(64, stats)
+    for kw in ({}, {"max_version": (1, 0)}, {"max_version": (0, 8)}):
+        cap = buf.__dlpack__(**kw)
+        del cap
+    del buf
+    gc.collect()
+    assert stats.stats()["current_count"] == 0
+
+
+def test_capsule_names_follow_the_requested_version():
+    buf = carve.DeviceBuffer(64, carve.HostResource())
+    assert "dltensor_versioned" in repr(buf.__dlpack__(max_version=(1, 2)))
+    assert '"dltensor"' in repr(buf.__dlpack__())
+
+
+def test_host_memory_has_no_cuda_array_interface_and_dlpack_refuses_other_devices():
+    buf = carve.DeviceBuffer(64, carve.HostResource())
+    assert not hasattr(buf, "__cuda_array_interface__")
+    with pytest.raises(BufferError):
+        buf.__dlpack__(dl_device=(2, 0))
+    with pytest.raises(BufferError):
+        buf.__dlpack__(copy=True)
+
+
+def test_bad_arguments():
+    h = carve.HostResource()
+    with pytest.raises(carve.InvalidArgumentError):
+        carve.DeviceBuffer(0, h)
+    with pytest.raises(TypeError):
+        carve.DeviceBuffer(64, "nope")
+    limited = carve.LimitingAdaptor(h, 1024)
+    with pytest.raises(carve.OutOfMemoryError):
+        carve.DeviceBuffer(4096, limited)
