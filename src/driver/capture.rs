@@ -82,14 +82,32 @@ pub fn relaxed<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// [`Error::StreamCapture`] when `stream` is being captured (and the caller is not inside
-/// [`relaxed`]): for resources whose calls would invalidate the capture.
+/// True when the calling thread's capture mode is relaxed (set by [`relaxed`], or by the
+/// caller's own `cuThreadExchangeStreamCaptureMode`, as PyTorch does around its allocator).
+fn thread_mode_is_relaxed() -> bool {
+    let relaxed = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    let mut mode = relaxed;
+    // SAFETY: exchanges this thread's mode, then puts the old one back at once.
+    unsafe {
+        if sys::cuThreadExchangeStreamCaptureMode(&mut mode) != sys::CUresult::CUDA_SUCCESS {
+            return false;
+        }
+        let previous = mode;
+        let _ = sys::cuThreadExchangeStreamCaptureMode(&mut mode);
+        previous == relaxed
+    }
+}
+
+/// [`Error::StreamCapture`] when `stream` is being captured and the calling thread has not
+/// relaxed its capture mode: for resources whose synchronous calls would then invalidate the
+/// capture. (In relaxed mode the driver allows them, and the caller takes care of addresses.)
 pub(crate) fn refuse_capture(resource: &'static str, stream: StreamRef) -> Result<()> {
     if in_relaxed_scope() {
         return Ok(());
     }
     match capture_id(stream)? {
         None => Ok(()),
+        Some(_) if thread_mode_is_relaxed() => Ok(()),
         Some(id) => Err(Error::StreamCapture {
             resource,
             detail: format!(
