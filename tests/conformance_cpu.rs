@@ -183,6 +183,21 @@ fn binning_default(_: &Cpu) -> Subject<BinningMemoryResource<HostMemoryResource>
         )
 }
 
+/// Bins as `BinningMemoryResource::over_pool` builds them (4 MiB refills, so over uncapped host
+/// memory): requests above the largest bin go to a pool over the same upstream, not to the
+/// upstream one by one.
+fn binning_over_pool(
+    _: &Cpu,
+) -> Subject<BinningMemoryResource<PoolMemoryResource<HostMemoryResource>>> {
+    let mr =
+        BinningMemoryResource::over_pool(HostMemoryResource::new(), 8, 12, PoolOptions::new(0))
+            .unwrap();
+    Subject::new(mr)
+        .no_usage("its bins are type-erased resources; count with a StatisticsResourceAdaptor")
+        .frees_at_once("bins and pool over host memory use host ordering: nothing to wait for")
+        .size_mismatch_unchecked("a size in the same bin frees the block: bins hold one size")
+}
+
 fn arena(env: &Cpu) -> Subject<ArenaMemoryResource<Up>> {
     let opts = ArenaOptions {
         superblock_size: 64 << 10,
@@ -309,6 +324,7 @@ conformance_suite! { cpu;
     fixed_size => fixed_size,
     binning => binning,
     binning_default => binning_default,
+    binning_over_pool => binning_over_pool,
     arena => arena,
     virtual_whole_chunks => virtual_whole_chunks,
     virtual_expandable => virtual_expandable,
