@@ -20,10 +20,12 @@ pub struct ReplayArgs {
     /// Initial pool size for suballocators (e.g. 1GiB, 512MiB, 4096).
     #[arg(long, value_parser = parse_size)]
     pub initial_size: Option<usize>,
-    /// Maximum pool size for suballocators.
+    /// Maximum pool size for suballocators; most physical memory mapped for virtual and
+    /// expandable.
     #[arg(long, value_parser = parse_size)]
     pub maximum_size: Option<usize>,
-    /// Block size (fixed), largest bin (binning) or chunk size (virtual, expandable).
+    /// Block size (fixed), largest bin (binning), chunk size (virtual) or large-page size
+    /// (expandable).
     #[arg(long, value_parser = parse_size)]
     pub block_size: Option<usize>,
     /// Binning: where requests above the largest bin go.

@@ -34,7 +34,8 @@ pub enum ResourceKind {
     Fixed,
     /// carve's virtual-memory resource: one reserved range, whole chunks per block.
     Virtual,
-    /// carve's expandable pool: one growing range whose free pages are unmapped and moved.
+    /// carve's expandable pool: growing ranges (small and large requests) whose free pages are
+    /// unmapped and moved where needed.
     Expandable,
 }
 
