@@ -39,6 +39,9 @@ pub fn capture_id(stream: StreamRef) -> Result<Option<u64>> {
         // The legacy stream while another stream captures in global mode: that capture
         // forbids using it, so treat it as captured (no id of its own).
         sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => return Ok(Some(0)),
+        // The default stream of a thread with no current context: it has no capture (the
+        // resource binds its device before any call that could join one).
+        sys::CUresult::CUDA_ERROR_INVALID_CONTEXT if stream.as_raw().is_null() => return Ok(None),
         code => {
             return Err(Error::Driver {
                 call: "cuStreamGetCaptureInfo_v2",
