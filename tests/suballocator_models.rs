@@ -143,3 +143,25 @@ fn binning_with_a_custom_bin_routes_by_size() {
         "only the pool's initial chunk stays upstream"
     );
 }
+
+/// `over_pool`: requests above the largest bin go to a pool, so a run of large requests takes
+/// a few chunks from the upstream, not one allocation each.
+#[test]
+fn binning_over_a_pool_sends_large_requests_to_the_pool() {
+    let host = HostMemoryResource::new();
+    let mr = BinningMemoryResource::over_pool(host.clone(), 8, 12, PoolOptions::new(0)).unwrap();
+    let s = common::stream(0);
+    let large: Vec<_> = (0..64).map(|_| mr.allocate(s, 100_000, 256).unwrap()).collect();
+    assert!(
+        host.allocation_count() <= 8,
+        "{} upstream allocations for 64 large requests",
+        host.allocation_count()
+    );
+    assert_eq!(mr.upstream().stats().live_blocks, 64);
+    for p in large {
+        // SAFETY: from `mr` with these arguments, freed once.
+        unsafe { mr.deallocate(s, p, 100_000, 256) }.unwrap();
+    }
+    mr.upstream().check_invariants().unwrap();
+    assert_eq!(mr.upstream().stats().bytes_in_use, 0);
+}
