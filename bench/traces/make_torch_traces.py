@@ -201,7 +201,10 @@ def main():
             cmd = [sys.executable, __file__, "--out", args.out, "--child", name]
             if label == "native":
                 cmd.append("--keep-trace")
-            out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if out.returncode != 0:
+                sys.stderr.write(out.stdout + out.stderr)
+                sys.exit("%s (%s) failed with exit status %d" % (name, label, out.returncode))
             results[label] = json.loads(out.stdout.strip().splitlines()[-1])
         with open(os.path.join(args.out, "torch_%s.json" % name), "w") as f:
             json.dump(results, f, indent=1)
