@@ -151,7 +151,9 @@ fn binning_over_a_pool_sends_large_requests_to_the_pool() {
     let host = HostMemoryResource::new();
     let mr = BinningMemoryResource::over_pool(host.clone(), 8, 12, PoolOptions::new(0)).unwrap();
     let s = common::stream(0);
-    let large: Vec<_> = (0..64).map(|_| mr.allocate(s, 100_000, 256).unwrap()).collect();
+    let large: Vec<_> = (0..64)
+        .map(|_| mr.allocate(s, 100_000, 256).unwrap())
+        .collect();
     assert!(
         host.allocation_count() <= 8,
         "{} upstream allocations for 64 large requests",

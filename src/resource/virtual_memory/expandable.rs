@@ -7,8 +7,8 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::backing::{CountingBacking, PhysicalBacking, SimulatedBacking};
 use super::cuda_backing::{CudaBacking, CudaBackingOptions};
+use super::{CountingBacking, PhysicalBacking, SimulatedBacking};
 use super::{VirtualMemoryResource, VirtualOptions, VirtualStats};
 use crate::driver::Device;
 use crate::error::{Error, Result};

@@ -22,19 +22,21 @@
 //! ([`SimulatedBacking`]) that answers "would this fit in N GiB?" with no GPU.
 
 mod backing;
+mod counting;
 mod cuda_backing;
 mod expandable;
 #[cfg(target_os = "linux")]
 mod host_backing;
 mod pages;
+mod simulated;
 
-pub use backing::{
-    BackingCounters, CountingBacking, PhysicalBacking, PhysicalHandle, SimulatedBacking,
-};
+pub use backing::{PhysicalBacking, PhysicalHandle};
+pub use counting::CountingBacking;
 pub use cuda_backing::{ChunkLocation, CudaBacking, CudaBackingOptions};
 pub use expandable::{ExpandableMemoryResource, ExpandableOptions, ExpandableStats};
 #[cfg(target_os = "linux")]
 pub use host_backing::HostBacking;
+pub use simulated::{BackingCounters, SimulatedBacking};
 
 use std::fmt;
 use std::ptr::NonNull;
