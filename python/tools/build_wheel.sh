@@ -6,7 +6,7 @@
 #   device run: carry [".gpu-python"], command "bash .gpu-python/run.sh 2>&1 | tee $OUT/python.log"
 #   (bash .gpu-python/run.sh --no-bench runs the tests only)
 set -euo pipefail
-# Embed the committed PTX (kernels/ptx/; refused if stale): no nightly needed, and .ci/run
+# Embed the committed PTX (src/driver/ptx/; refused if stale): no nightly needed, and .ci/run
 # already checks that the pinned toolchain rebuilds it identically.
 export CARVE_BUILD_KERNELS=${CARVE_BUILD_KERNELS:-0}
 root=$(git rev-parse --show-toplevel)
