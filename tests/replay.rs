@@ -446,6 +446,10 @@ fn expandable_serves_a_request_larger_than_any_hole() {
         text.contains("peak reserved 4294967296 bytes (4096.0 MiB), 1.00× the logical peak"),
         "{text}"
     );
+    assert!(
+        text.contains("large range (32 MiB) 128 created, 64 moved"),
+        "{text}"
+    );
 
     // The virtual resource (whole chunks per block) does the same.
     a.resource = ResourceKind::Virtual;

@@ -26,4 +26,6 @@ pub use parse::{parse_log, read_log, LogEvent};
 pub use plan::{plan, Op, Plan, Step};
 pub use report::{FirstFailure, ReplayReport};
 pub use run::replay;
-pub use target::{build_target, LargeUpstream, ResourceKind, ResourceOptions, SizeProbe, Target};
+pub use target::{
+    build_target, LargeUpstream, NoteProbe, ResourceKind, ResourceOptions, SizeProbe, Target,
+};

@@ -41,6 +41,8 @@ pub struct ReplayReport {
     /// The most bytes the resource took from its upstream (the device) at once, when it can
     /// tell: what a user must have free to run this log with this resource.
     pub peak_reserved: Option<usize>,
+    /// What the resource says about its own work (chunks mapped and moved), when it can.
+    pub resource_notes: Option<String>,
     /// Wall time of the replayed steps (setup and final cleanup excluded).
     pub elapsed: Duration,
     /// Allocations the resource refused.
@@ -97,6 +99,9 @@ impl fmt::Display for ReplayReport {
                 reserved,
                 mib(reserved)
             )?;
+        }
+        if let Some(notes) = &self.resource_notes {
+            writeln!(f, "  resource     {notes}")?;
         }
         let per_op = if ops > 0 {
             self.elapsed.as_nanos() as f64 / ops as f64

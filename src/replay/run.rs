@@ -97,12 +97,14 @@ pub fn replay(plan: &Plan, target: &Target, progress: bool) -> Result<ReplayRepo
 
     let peak = shared.mr.bytes_counter().peak;
     let peak_reserved = target.peak_reserved.as_ref().map(|f| f());
+    let resource_notes = target.notes.as_ref().map(|f| f());
     shared.free_leftovers();
     if let Some(dev) = &target.device {
         dev.synchronize()?;
     }
     let mut report = shared.report(peak, elapsed);
     report.peak_reserved = peak_reserved;
+    report.resource_notes = resource_notes;
     Ok(report)
 }
 
@@ -208,6 +210,7 @@ impl Shared<'_> {
             peak_bytes: peak.max(0) as usize,
             logged_peak_bytes: self.plan.logged_peak,
             peak_reserved: None,
+            resource_notes: None,
             elapsed,
             failed_allocations: self.failed_allocs.load(Ordering::Relaxed),
             first_failure: self

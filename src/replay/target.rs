@@ -124,6 +124,8 @@ pub struct Target {
     pub peak_reserved: Option<SizeProbe>,
     /// The largest request the resource's memory could serve now (its largest free hole).
     pub largest_free: Option<SizeProbe>,
+    /// A line about the resource's own work, for the report (chunks mapped and moved).
+    pub notes: Option<NoteProbe>,
     /// Keeps real streams alive while their `StreamRef`s are in use.
     _owned_streams: Vec<Stream>,
     /// The device to synchronise at the end, for GPU resources.
@@ -150,6 +152,7 @@ impl Target {
             fragmentation: None,
             peak_reserved: None,
             largest_free: None,
+            notes: None,
             _owned_streams: Vec::new(),
             device: None,
         }
@@ -306,11 +309,24 @@ fn expandable_options(opts: &ResourceOptions) -> ExpandableOptions {
 }
 
 fn expandable_resource<B: PhysicalBacking>(r: ExpandableMemoryResource<B>) -> Probes {
-    let (peak, hole) = (r.clone(), r.clone());
+    let (peak, hole, notes) = (r.clone(), r.clone(), r.clone());
     Probes {
         resource: Arc::new(r),
         fragmentation: None,
         peak_reserved: Some(Box::new(move || peak.stats().peak_physical)),
+        notes: Some(Box::new(move || {
+            let s = notes.stats();
+            format!(
+                "chunks: small range ({} MiB) {} created, {} moved; large range ({} MiB) {} \
+                 created, {} moved",
+                s.small.chunk_size >> 20,
+                s.small.chunks_created,
+                s.small.chunks_moved,
+                s.large.chunk_size >> 20,
+                s.large.chunks_created,
+                s.large.chunks_moved
+            )
+        })),
         // Free pages of either range can be released and mapped again where needed.
         largest_free: Some(Box::new(move || {
             let s = hole.stats();
@@ -320,13 +336,22 @@ fn expandable_resource<B: PhysicalBacking>(r: ExpandableMemoryResource<B>) -> Pr
 }
 
 fn virtual_resource<B: PhysicalBacking>(r: VirtualMemoryResource<B>) -> Probes {
-    let (peak, hole) = (r.clone(), r.clone());
+    let (peak, hole, notes) = (r.clone(), r.clone(), r.clone());
     Probes {
         resource: Arc::new(r),
         fragmentation: None,
         peak_reserved: Some(Box::new(move || peak.stats().peak_mapped)),
         // Free pages anywhere can be moved together: the largest request that fits.
         largest_free: Some(Box::new(move || hole.stats().mappable)),
+        notes: Some(Box::new(move || {
+            let s = notes.stats();
+            format!(
+                "chunks of {} MiB: {} created, {} moved",
+                s.chunk_size >> 20,
+                s.chunks_created,
+                s.chunks_moved
+            )
+        })),
     }
 }
 
@@ -411,12 +436,16 @@ type Probe = Box<dyn Fn() -> f64 + Send + Sync>;
 /// Reads a byte count for the report.
 pub type SizeProbe = Box<dyn Fn() -> usize + Send + Sync>;
 
+/// Reads a line of notes for the report.
+pub type NoteProbe = Box<dyn Fn() -> String + Send + Sync>;
+
 /// A resource and what the report can read from it.
 struct Probes {
     resource: SharedResource,
     fragmentation: Option<Probe>,
     peak_reserved: Option<SizeProbe>,
     largest_free: Option<SizeProbe>,
+    notes: Option<NoteProbe>,
 }
 
 impl Probes {
@@ -426,6 +455,7 @@ impl Probes {
             fragmentation: None,
             peak_reserved: None,
             largest_free: None,
+            notes: None,
         }
     }
 
@@ -443,6 +473,7 @@ impl Probes {
             fragmentation: self.fragmentation,
             peak_reserved: self.peak_reserved,
             largest_free: self.largest_free,
+            notes: self.notes,
             _owned_streams: owned,
             device,
         }
