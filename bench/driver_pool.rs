@@ -48,7 +48,7 @@ impl DriverPool {
 unsafe impl MemoryResource for DriverPool {
     fn allocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         bytes: usize,
         align: usize,
     ) -> carve::Result<NonNull<u8>> {
@@ -62,7 +62,7 @@ unsafe impl MemoryResource for DriverPool {
 
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         _bytes: usize,
         _align: usize,
@@ -74,5 +74,8 @@ unsafe impl MemoryResource for DriverPool {
 
     fn properties(&self) -> Properties {
         Properties::DEVICE
+    }
+    fn device(&self) -> Option<carve::Device> {
+        Some(self.device.clone())
     }
 }

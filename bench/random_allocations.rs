@@ -31,7 +31,7 @@ pub type Live = Vec<(NonNull<u8>, usize)>;
 /// The final cleanup is outside that span.
 pub fn workload(
     mr: &dyn MemoryResource,
-    stream: StreamRef,
+    stream: StreamRef<'_>,
     n: usize,
     max_bytes: usize,
     cap: usize,
@@ -98,6 +98,21 @@ impl StartLine {
     }
 }
 
+/// A thread's stream: a real one on a GPU, a simulated one on host memory.
+enum BenchStream {
+    Real(carve::Stream),
+    Simulated(usize),
+}
+
+impl BenchStream {
+    fn as_ref(&self) -> StreamRef<'_> {
+        match self {
+            BenchStream::Real(s) => s.as_ref(),
+            BenchStream::Simulated(i) => StreamRef::simulated(*i),
+        }
+    }
+}
+
 struct Setup {
     device: Option<Device>,
     cap: usize,
@@ -111,13 +126,10 @@ impl Setup {
         }
     }
 
-    fn stream(&self, i: usize) -> carve::Result<(StreamRef, Option<carve::Stream>)> {
+    fn stream(&self, i: usize) -> carve::Result<BenchStream> {
         match &self.device {
-            Some(d) => {
-                let s = d.new_stream()?;
-                Ok((s.as_ref(), Some(s)))
-            }
-            None => Ok((StreamRef::simulated(i), None)),
+            Some(d) => Ok(BenchStream::Real(d.new_stream()?)),
+            None => Ok(BenchStream::Simulated(i)),
         }
     }
 
@@ -255,7 +267,7 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
     // shared; their speedup (against the shared resource's single thread, the same setup) is
     // what the machine itself allows.
     let rows: [(&str, bool, &[usize]); 5] = [
-        ("pool", false, &[1, 4, 16]),
+        ("pool", false, &[1, 2, 4, 8, 16]),
         ("fixed-size", false, &[1, 4, 16]),
         ("arena", false, &[1, 4, 16]),
         ("fixed-size", true, &[16]),
@@ -282,8 +294,8 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
                 let hs: Vec<_> = streams
                     .iter()
                     .enumerate()
-                    .map(|(i, (s, _))| {
-                        let (mr, start_line, s) = (&mrs[i], &start_line, *s);
+                    .map(|(i, s)| {
+                        let (mr, start_line, s) = (&mrs[i], &start_line, s.as_ref());
                         scope.spawn(move || -> carve::Result<(Instant, Instant)> {
                             let seed = SEED + i as u64;
                             let mut live = Live::new();

@@ -51,6 +51,7 @@ impl DeviceBuffer {
         if !align.is_power_of_two() {
             return Err(Error::InvalidAlignment(align));
         }
+        check_device(&*resource, stream.device())?;
         stream.device().bind()?;
         let ptr = match len {
             0 => None,
@@ -142,6 +143,41 @@ impl DeviceBuffer {
         Ok(out)
     }
 
+    /// Copies `src` to the start of this buffer, ordered on this buffer's stream after the work
+    /// queued so far on `src`'s stream; `src`'s stream then waits for the copy, so either buffer
+    /// may be used or freed on its own stream afterwards. Buffers on different devices are copied
+    /// with `cuMemcpyPeerAsync` (no peer access needed), others with `cuMemcpyDtoDAsync`.
+    pub fn copy_from_buffer(&mut self, src: &DeviceBuffer) -> Result<()> {
+        self.check_len(src.len)?;
+        let (Some(dst), Some(from)) = (self.ptr, src.ptr) else {
+            return Ok(());
+        };
+        self.stream.wait_for(&src.stream)?;
+        self.device().bind()?;
+        let (d, s) = (
+            dst.as_ptr() as sys::CUdeviceptr,
+            from.as_ptr() as sys::CUdeviceptr,
+        );
+        let (call, r) = if self.device() == src.device() {
+            // SAFETY: both ranges hold `src.len` bytes (checked) and are live while borrowed;
+            // the copy is ordered on this buffer's stream, after `src`'s stream.
+            let r = unsafe { sys::cuMemcpyDtoDAsync_v2(d, s, src.len, self.raw_stream()) };
+            ("cuMemcpyDtoDAsync", r)
+        } else {
+            let (dst_ctx, src_ctx) = (
+                self.device().context().cu_ctx(),
+                src.device().context().cu_ctx(),
+            );
+            // SAFETY: as above; both contexts are retained for the process's life.
+            let r = unsafe {
+                sys::cuMemcpyPeerAsync(d, dst_ctx, s, src_ctx, src.len, self.raw_stream())
+            };
+            ("cuMemcpyPeerAsync", r)
+        };
+        r.result().map_err(|e| Error::driver(call, e))?;
+        src.stream.wait_for(&self.stream)
+    }
+
     /// Sets every byte to `value`, ordered on the buffer's stream.
     pub fn memset(&mut self, value: u8) -> Result<()> {
         let Some(dst) = self.ptr else { return Ok(()) };
@@ -206,6 +242,22 @@ impl fmt::Debug for DeviceBuffer {
             .field("stream", &self.stream.as_ref())
             .field("resource", &self.resource)
             .finish()
+    }
+}
+
+/// Refuses device-only memory of one device ordered on another device's stream (managed and
+/// mapped host memory, which every device reaches, may be).
+pub(crate) fn check_device(resource: &dyn MemoryResource, device: &Device) -> Result<()> {
+    let props = resource.properties();
+    match resource.device() {
+        Some(own) if own != *device && !props.host_accessible => {
+            Err(Error::InvalidArgument(format!(
+                "{resource:?} allocates on device {}, not device {}",
+                own.ordinal(),
+                device.ordinal()
+            )))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -38,8 +38,11 @@ pub fn get(ordinal: usize) -> Result<SharedResource> {
 }
 
 /// Makes `resource` current for device `ordinal`; returns the one it replaces.
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for device-only memory of another
+/// device.
 pub fn set(ordinal: usize, resource: SharedResource) -> Result<SharedResource> {
     let previous = get(ordinal)?;
+    crate::buffer::check_device(&*resource, &Device::get(ordinal)?)?;
     let mut map = CURRENT.write().unwrap_or_else(PoisonError::into_inner);
     map.get_or_insert_with(HashMap::new)
         .insert(ordinal, resource);

@@ -75,7 +75,7 @@ pub use resource::{
     PinnedBuffer, PinnedFlags, PinnedHostMemoryResource,
 };
 pub use resource::{ExpandableMemoryResource, GraphSafeMemoryResource, VirtualMemoryResource};
-pub use stream::StreamRef;
+pub use stream::{StreamId, StreamRef};
 
 /// Re-exported so users name the same cudarc version carve links.
 pub use cudarc;

@@ -24,6 +24,28 @@ pub fn gpu_or_skip(test: &str) -> Option<Device> {
     }
 }
 
+/// Devices 0 and 1, or `None` after printing why the caller skips. One GPU is a skip even with
+/// `CARVE_REQUIRE_GPU=1` (the single-GPU machine runs the same binaries); with
+/// `CARVE_REQUIRE_GPUS=2`, fewer than two devices panics instead.
+pub fn two_gpus_or_skip(test: &str) -> Option<(Device, Device)> {
+    let required = std::env::var_os("CARVE_REQUIRE_GPUS").is_some_and(|v| v == "2");
+    let count = Device::count().unwrap_or(0);
+    if count < 2 {
+        if required {
+            panic!("{test}: CARVE_REQUIRE_GPUS=2 but {count} GPU(s) found");
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED {test}: needs two GPUs, found {count}"
+        );
+        return None;
+    }
+    match (Device::get(0), Device::get(1)) {
+        (Ok(a), Ok(b)) => Some((a, b)),
+        (Err(e), _) | (_, Err(e)) => panic!("{test}: {count} GPUs reported, but: {e}"),
+    }
+}
+
 /// The running test's name (libtest names each test's thread after it).
 pub fn test_name() -> String {
     std::thread::current()
@@ -51,6 +73,17 @@ pub fn cli_binary(built_at: &str) -> Option<std::path::PathBuf> {
         );
     }
     found
+}
+
+/// Returns from the enclosing test unless there are two GPUs (see [`two_gpus_or_skip`]).
+#[macro_export]
+macro_rules! require_two_gpus {
+    () => {
+        match $crate::testing::two_gpus_or_skip(&$crate::testing::test_name()) {
+            Some(devs) => devs,
+            None => return,
+        }
+    };
 }
 
 /// Returns from the enclosing test when there is no GPU (see [`gpu_or_skip`]).

@@ -15,7 +15,7 @@ use carve::{
     StreamRef,
 };
 
-const S: StreamRef = StreamRef::DEFAULT;
+const S: StreamRef<'static> = StreamRef::DEFAULT;
 
 /// Host memory that counts the calls that reach it.
 #[derive(Clone, Debug, Default)]
@@ -27,13 +27,13 @@ struct Counting {
 
 // SAFETY: delegates to the host resource.
 unsafe impl MemoryResource for Counting {
-    fn allocate(&self, s: StreamRef, bytes: usize, align: usize) -> carve::Result<NonNull<u8>> {
+    fn allocate(&self, s: StreamRef<'_>, bytes: usize, align: usize) -> carve::Result<NonNull<u8>> {
         self.allocs.fetch_add(1, Ordering::SeqCst);
         self.host.allocate(s, bytes, align)
     }
     unsafe fn deallocate(
         &self,
-        s: StreamRef,
+        s: StreamRef<'_>,
         p: NonNull<u8>,
         bytes: usize,
         align: usize,
@@ -44,6 +44,9 @@ unsafe impl MemoryResource for Counting {
     }
     fn properties(&self) -> Properties {
         Properties::HOST
+    }
+    fn device(&self) -> Option<carve::Device> {
+        None
     }
 }
 
@@ -366,7 +369,7 @@ fn tracking_captures_backtraces_on_request() {
     let p = mr.allocate(S, 32, 8).unwrap();
     let leaks = mr.outstanding();
     assert_eq!(leaks.len(), 1);
-    assert_eq!((leaks[0].bytes, leaks[0].stream), (32, S));
+    assert_eq!((leaks[0].bytes, leaks[0].stream), (32, S.id()));
     assert!(leaks[0].backtrace.is_some());
     // SAFETY: from `mr`, freed once.
     unsafe { mr.deallocate(S, p, 32, 8) }.unwrap();
@@ -411,7 +414,7 @@ fn logging_writes_rmm_csv_that_parses_back() {
             "allocate",
             &format!("{:#x}", q.as_ptr() as usize),
             "2000",
-            &format!("{:#x}", stream.id())
+            &format!("{:#x}", stream.id().get())
         ]
     );
     assert_eq!(
@@ -421,7 +424,7 @@ fn logging_writes_rmm_csv_that_parses_back() {
     assert_eq!(fields[3][2], "free");
     let events = parse_log(text.as_bytes()).unwrap();
     assert_eq!(events.len(), 5);
-    assert_eq!(events[1].stream, stream.id() as u64);
+    assert_eq!(events[1].stream, stream.id().get() as u64);
     assert_eq!(events[4].ptr, q.as_ptr() as u64);
 }
 

@@ -61,7 +61,7 @@ impl Cpu {
 }
 
 impl Env for Cpu {
-    fn stream(&self, i: usize) -> StreamRef {
+    fn stream(&self, i: usize) -> StreamRef<'_> {
         StreamRef::simulated(1 + i)
     }
 
@@ -352,12 +352,17 @@ mod the_suite_catches {
     // SAFETY: blocks come from the host resource unchanged; swallowing its refusals breaks only
     // the typed-error promise under test (the refused pointer is never freed).
     unsafe impl MemoryResource for Lenient {
-        fn allocate(&self, s: StreamRef, bytes: usize, align: usize) -> carve::Result<NonNull<u8>> {
+        fn allocate(
+            &self,
+            s: StreamRef<'_>,
+            bytes: usize,
+            align: usize,
+        ) -> carve::Result<NonNull<u8>> {
             self.0.allocate(s, bytes, align)
         }
         unsafe fn deallocate(
             &self,
-            s: StreamRef,
+            s: StreamRef<'_>,
             p: NonNull<u8>,
             bytes: usize,
             align: usize,
@@ -368,6 +373,9 @@ mod the_suite_catches {
         }
         fn properties(&self) -> Properties {
             Properties::HOST
+        }
+        fn device(&self) -> Option<carve::Device> {
+            None
         }
     }
 

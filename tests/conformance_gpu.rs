@@ -51,7 +51,7 @@ impl Gpu {
 }
 
 impl Env for Gpu {
-    fn stream(&self, i: usize) -> StreamRef {
+    fn stream(&self, i: usize) -> StreamRef<'_> {
         self.streams[i].as_ref()
     }
 

@@ -127,7 +127,7 @@ fn logging_records_real_streams() {
     unsafe { mr.deallocate(s.as_ref(), p, 1000, 256) }.unwrap();
     let events = carve::replay::read_log(&path).unwrap();
     assert_eq!(events.len(), 2);
-    assert_eq!(events[0].stream, s.as_ref().id() as u64);
+    assert_eq!(events[0].stream, s.as_ref().id().get() as u64);
     assert_eq!(events[0].ptr, p.as_ptr() as u64);
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -138,7 +138,7 @@ struct Managed(Device);
 
 // SAFETY: the driver returns distinct, live, 256-byte-aligned managed blocks.
 unsafe impl MemoryResource for Managed {
-    fn allocate(&self, _: StreamRef, bytes: usize, _: usize) -> carve::Result<NonNull<u8>> {
+    fn allocate(&self, _: StreamRef<'_>, bytes: usize, _: usize) -> carve::Result<NonNull<u8>> {
         self.0.bind()?;
         // SAFETY: a context is current.
         let p =
@@ -148,7 +148,7 @@ unsafe impl MemoryResource for Managed {
     }
     unsafe fn deallocate(
         &self,
-        _: StreamRef,
+        _: StreamRef<'_>,
         p: NonNull<u8>,
         _: usize,
         _: usize,
@@ -160,6 +160,9 @@ unsafe impl MemoryResource for Managed {
     }
     fn properties(&self) -> Properties {
         Properties::BOTH
+    }
+    fn device(&self) -> Option<Device> {
+        Some(self.0.clone())
     }
 }
 

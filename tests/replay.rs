@@ -11,7 +11,7 @@ use carve::replay::cli::{replay_file, ReplayArgs};
 use carve::replay::{
     build_target, parse_log, plan, replay, LargeUpstream, ResourceKind, ResourceOptions, Target,
 };
-use carve::{Error, HostMemoryResource, MemoryResource, Properties, StreamRef};
+use carve::{Error, HostMemoryResource, MemoryResource, Properties, StreamId, StreamRef};
 
 const GIB: usize = 1 << 30;
 
@@ -58,7 +58,7 @@ fn row(thread: u64, action: &str, ptr: u64, bytes: usize, stream: &str) -> Strin
 }
 
 /// A deterministic pseudo-random workload: `steps` steps of allocate (60 %) or free a live block.
-fn workload(mr: &dyn MemoryResource, seed: u64, steps: usize, streams: &[StreamRef]) {
+fn workload(mr: &dyn MemoryResource, seed: u64, steps: usize, streams: &[StreamRef<'_>]) {
     let mut x = seed | 1;
     let mut next = || {
         x ^= x << 13;
@@ -66,7 +66,7 @@ fn workload(mr: &dyn MemoryResource, seed: u64, steps: usize, streams: &[StreamR
         x ^= x << 17;
         x
     };
-    let mut live: Vec<(NonNull<u8>, usize, StreamRef)> = Vec::new();
+    let mut live: Vec<(NonNull<u8>, usize, StreamRef<'_>)> = Vec::new();
     for _ in 0..steps {
         let r = next();
         if r % 10 < 6 || live.is_empty() {
@@ -152,21 +152,21 @@ fn logging_then_replay_from_four_threads() {
 #[derive(Debug, Default)]
 struct Recorder {
     host: HostMemoryResource,
-    seen: Mutex<Vec<(std::thread::ThreadId, usize, StreamRef)>>,
+    seen: Mutex<Vec<(std::thread::ThreadId, usize, StreamId)>>,
 }
 
 // SAFETY: delegates to the host resource.
 unsafe impl MemoryResource for Recorder {
-    fn allocate(&self, s: StreamRef, bytes: usize, align: usize) -> carve::Result<NonNull<u8>> {
+    fn allocate(&self, s: StreamRef<'_>, bytes: usize, align: usize) -> carve::Result<NonNull<u8>> {
         self.seen
             .lock()
             .unwrap()
-            .push((std::thread::current().id(), bytes, s));
+            .push((std::thread::current().id(), bytes, s.id()));
         self.host.allocate(s, bytes, align)
     }
     unsafe fn deallocate(
         &self,
-        s: StreamRef,
+        s: StreamRef<'_>,
         p: NonNull<u8>,
         bytes: usize,
         align: usize,
@@ -176,6 +176,9 @@ unsafe impl MemoryResource for Recorder {
     }
     fn properties(&self) -> Properties {
         Properties::HOST
+    }
+    fn device(&self) -> Option<carve::Device> {
+        None
     }
 }
 
@@ -218,7 +221,7 @@ fn replay_follows_the_global_order_with_one_os_thread_per_logged_thread() {
     let sizes: Vec<usize> = seen.iter().map(|s| s.1).collect();
     assert_eq!(sizes, (1..=300).collect::<Vec<_>>());
     for (i, (_, _, s)) in seen.iter().enumerate() {
-        assert_eq!(*s, streams[i % 3]);
+        assert_eq!(*s, streams[i % 3].id());
     }
     // Each logged thread ran on one OS thread of its own.
     let mut by_logged: std::collections::HashMap<u64, std::collections::HashSet<_>> =

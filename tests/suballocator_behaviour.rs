@@ -28,14 +28,15 @@ fn pool_with(
     (pool.unwrap(), order)
 }
 
-fn free<M: MemoryResource + ?Sized>(mr: &M, s: StreamRef, p: NonNull<u8>, bytes: usize) {
+fn free<M: MemoryResource + ?Sized>(mr: &M, s: StreamRef<'_>, p: NonNull<u8>, bytes: usize) {
     // SAFETY: every caller passes a live block of `mr` allocated with `bytes`, freed once.
     unsafe { mr.deallocate(s, p, bytes, 256) }.unwrap();
 }
 
 #[test]
 fn a_free_is_reused_on_its_stream_without_any_ordering() {
-    let (pool, order) = pool_with(ScriptedUpstream::new(), PoolOptions::new(MIB));
+    let up = ScriptedUpstream::new();
+    let (pool, order) = pool_with(up.clone(), PoolOptions::new(MIB));
     let (a, b) = (stream(0), stream(1));
     let p = pool.allocate(a, 1000, 256).unwrap();
     free(&pool, a, p, 1000);
@@ -53,32 +54,65 @@ fn a_free_is_reused_on_its_stream_without_any_ordering() {
     // on `a` recorded nothing (RMM records an event on each): no other stream wanted memory.
     assert_eq!(MARK_EVERY, 64);
     assert_eq!(order.events(), vec![OrderEvent::SyncAll]);
-    // Another stream takes a's memory: unmarked frees are reached only through a device-wide
-    // synchronisation, never by naming `a` again.
+    // Another stream, on a shard of its own, takes a slab of the initial chunk: no ordering.
     let r = pool.allocate(b, 1000, 256).unwrap();
+    assert_eq!(order.events(), vec![OrderEvent::SyncAll]);
+    // A third takes the rest; a fourth finds the global core empty and grows it, marking the
+    // growth so that others may take the rest with one wait. Nobody synchronises to reach
+    // a's unmarked blocks.
+    let c = pool.allocate(stream(2), 1000, 256).unwrap();
+    let d = pool.allocate(stream(3), 300 * KIB, 256).unwrap();
+    assert_eq!(up.requests(), vec![MIB, MIB]);
+    assert_eq!(
+        order.events(),
+        vec![OrderEvent::SyncAll, OrderEvent::Mark(stream(3).id())]
+    );
+    // A block of b's shard freed on `a` goes back to b's shard, sealed by a mark at once.
+    free(&pool, a, r, 1000);
+    assert_eq!(
+        &order.events()[2..],
+        &[OrderEvent::Mark(a.id())],
+        "a cross-shard free is marked at once"
+    );
+    free(&pool, stream(2), c, 1000);
+    free(&pool, stream(3), d, 300 * KIB);
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn a_block_freed_on_another_stream_is_reused_after_one_event_wait() {
+    // One shard and a bounded pool, so b must reuse what a freed.
+    let (pool, order) = pool_with(
+        ScriptedUpstream::new(),
+        PoolOptions::new(64 * KIB).maximum(64 * KIB).shards(1),
+    );
+    let (a, b) = (stream(0), stream(1));
+    let p = pool.allocate(a, 64 * KIB, 256).unwrap();
+    free(&pool, a, p, 64 * KIB);
+    // b runs short; a's block is fresh (unmarked), and the pool is at its maximum: the last
+    // resort merges everything after one device-wide synchronisation.
+    let q = pool.allocate(b, 64 * KIB, 256).unwrap();
+    assert_eq!(q, p);
     assert_eq!(order.events(), vec![OrderEvent::SyncAll; 2]);
-    // Now that a stream ran short, 64 frees on `a` mark it; a third stream then takes a's
-    // sealed blocks with one wait.
-    let many: Vec<_> = (0..64)
-        .map(|_| pool.allocate(a, 512, 256).unwrap())
-        .collect();
-    for p in many {
-        free(&pool, a, p, 512);
+    // b's shortage made marks worthwhile: 64 frees on b mark it, and a then takes b's
+    // sealed block with one wait, no synchronisation.
+    free(&pool, b, q, 64 * KIB);
+    for _ in 0..MARK_EVERY - 1 {
+        let p = pool.allocate(b, 256, 256).unwrap();
+        free(&pool, b, p, 256);
     }
-    let c = stream(2);
-    let q = pool.allocate(c, 1000, 256).unwrap();
+    let r = pool.allocate(a, 64 * KIB, 256).unwrap();
     assert_eq!(
         &order.events()[2..],
         &[
-            OrderEvent::Mark(a),
+            OrderEvent::Mark(b.id()),
             OrderEvent::Wait {
-                waiter: c,
-                signaller: a
+                waiter: a.id(),
+                signaller: b.id()
             }
         ]
     );
-    free(&pool, b, r, 1000);
-    free(&pool, c, q, 1000);
+    free(&pool, a, r, 64 * KIB);
     pool.check_invariants().unwrap();
 }
 
@@ -101,13 +135,49 @@ fn free_blocks_of_all_streams_merge_before_the_pool_grows() {
     assert!((stats.fragmentation - 0.5).abs() < 1e-9);
     let whole = pool.allocate(c, 128 * KIB, 256).unwrap();
     assert_eq!(up.requests(), vec![128 * KIB], "no growth");
-    // Construction, then the merge: one device-wide synchronisation, naming neither a nor b.
+    // Construction; b's cross-shard free, marked at once in a's shard; then, the maximum
+    // reached, the merge: one device-wide synchronisation, naming neither a nor b.
     assert_eq!(
         order.events(),
-        vec![OrderEvent::SyncAll, OrderEvent::SyncAll]
+        vec![
+            OrderEvent::SyncAll,
+            OrderEvent::Mark(b.id()),
+            OrderEvent::SyncAll
+        ]
     );
     free(&pool, c, whole, 128 * KIB);
     pool.check_invariants().unwrap();
+}
+
+#[test]
+fn at_the_maximum_a_stream_takes_free_memory_inside_another_streams_slab() {
+    let up = ScriptedUpstream::new();
+    let (pool, order) = pool_with(up.clone(), PoolOptions::new(MIB).maximum(MIB).shards(4));
+    let (a, b) = (stream(0), stream(1));
+    // a's shard takes two 512 KiB slabs; the second is half used.
+    let x = pool.allocate(a, 512 * KIB, 256).unwrap();
+    let y = pool.allocate(a, 256 * KIB, 256).unwrap();
+    let y2 = pool.allocate(a, 256 * KIB, 256).unwrap();
+    free(&pool, a, y2, 256 * KIB);
+    assert_eq!(pool.stats().slabs, 2);
+    // b finds nothing of its own, the global core empty and the maximum reached: after one
+    // synchronisation, it takes the free half of a's slab, which stays in a's shard.
+    let z = pool.allocate(b, 256 * KIB, 256).unwrap();
+    assert_eq!(z, y2);
+    assert_eq!(up.requests(), vec![MIB], "no growth");
+    assert_eq!(order.events(), vec![OrderEvent::SyncAll; 2]);
+    // Nothing is left: a typed error (after gathering once more).
+    assert!(pool.allocate(b, 256, 256).unwrap_err().is_out_of_memory());
+    // Freed on b, it goes back to a's shard, sealed by a mark on b.
+    free(&pool, b, z, 256 * KIB);
+    assert_eq!(
+        order.events()[2..],
+        [OrderEvent::SyncAll, OrderEvent::Mark(b.id())]
+    );
+    free(&pool, a, x, 512 * KIB);
+    free(&pool, a, y, 256 * KIB);
+    pool.check_invariants().unwrap();
+    assert_eq!(pool.stats().bytes_in_use, 0);
 }
 
 #[test]
@@ -165,8 +235,10 @@ fn release_returns_empty_chunks_to_the_upstream() {
     let x = pool.allocate(b, 1000, 256).unwrap();
     free(&pool, a, big, 4 * MIB);
     free(&pool, b, x, 1000);
+    // a's shard grew the pool by 4 MiB; b's shard took a slab of the initial chunk.
+    assert_eq!(up.requests(), vec![MIB, 4 * MIB]);
     assert_eq!(up.host.allocation_count(), 2);
-    // The chunk holding `keep` stays; the 4 MiB one goes back.
+    // The chunk holding `keep` (and b's slab) stays; the 4 MiB one goes back.
     assert_eq!(pool.release().unwrap(), 4 * MIB);
     assert_eq!(up.host.allocation_count(), 1);
     assert_eq!(pool.stats().pool_size, MIB);
@@ -293,15 +365,15 @@ fn fixed_size_hands_sealed_blocks_over_with_one_wait_on_the_last_mark() {
     for &p in &blocks {
         free(&mr, a, p, 512);
     }
-    assert_eq!(order.events(), vec![OrderEvent::Mark(a)]);
+    assert_eq!(order.events(), vec![OrderEvent::Mark(a.id())]);
     let again: Vec<_> = (0..n).map(|_| mr.allocate(b, 512, 256).unwrap()).collect();
     assert_eq!(
         order.events(),
         vec![
-            OrderEvent::Mark(a),
+            OrderEvent::Mark(a.id()),
             OrderEvent::Wait {
-                waiter: b,
-                signaller: a
+                waiter: b.id(),
+                signaller: a.id()
             }
         ]
     );

@@ -10,7 +10,8 @@ use std::ptr::NonNull;
 use std::sync::Mutex;
 
 use carve::resource::{
-    ArenaOptions, ExpandableOptions, FixedSizeOptions, HostBacking, PoolOptions,
+    ArenaOptions, ExpandableOptions, FixedSizeOptions, HostBacking, OrderEvent, PoolOptions,
+    RecordingOrder,
 };
 use carve::{
     ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, FixedSizeMemoryResource,
@@ -23,6 +24,12 @@ const THREADS: usize = 16;
 const STEPS: usize = 3000;
 
 fn hammer<M: MemoryResource>(mr: &M, max_bytes: usize) {
+    hammer_with(mr, max_bytes, false)
+}
+
+/// With `tolerate_oom`, a typed out-of-memory error is an expected answer (a bounded pool):
+/// the thread frees a block and goes on.
+fn hammer_with<M: MemoryResource>(mr: &M, max_bytes: usize, tolerate_oom: bool) {
     let handoff: Mutex<Vec<(usize, usize, u8)>> = Mutex::new(Vec::new());
     std::thread::scope(|scope| {
         for t in 0..THREADS {
@@ -42,7 +49,17 @@ fn hammer<M: MemoryResource>(mr: &M, max_bytes: usize) {
                 for i in 0..STEPS {
                     if live.is_empty() || rng.random_bool(0.55) {
                         let n = rng.random_range(1..=max_bytes);
-                        let p = mr.allocate(s, n, 256).unwrap();
+                        let p = match mr.allocate(s, n, 256) {
+                            Ok(p) => p,
+                            Err(e) if tolerate_oom && e.is_out_of_memory() => {
+                                if !live.is_empty() {
+                                    let k = rng.random_range(0..live.len());
+                                    check_free(live.swap_remove(k));
+                                }
+                                continue;
+                            }
+                            Err(e) => panic!("{e}"),
+                        };
                         assert_eq!(p.as_ptr() as usize % 256, 0);
                         let tag = (t * 16 + i % 16) as u8;
                         // SAFETY: `n` fresh host bytes.
@@ -78,6 +95,39 @@ fn pool_under_16_threads() {
     hammer(&pool, 20_000);
     pool.check_invariants().unwrap();
     assert_eq!(pool.stats().bytes_in_use, 0);
+}
+
+#[test]
+fn pool_with_a_shard_per_stream_under_16_threads() {
+    let opts = PoolOptions::new(0).shards(32);
+    let pool = PoolMemoryResource::new(HostMemoryResource::new(), opts).unwrap();
+    hammer(&pool, 20_000);
+    pool.check_invariants().unwrap();
+    assert_eq!(pool.stats().bytes_in_use, 0);
+    // Everything is free again: release returns every chunk.
+    pool.release().unwrap();
+    assert_eq!(pool.stats().pool_size, 0);
+}
+
+#[test]
+fn bounded_pool_under_16_threads_gathers_free_memory_across_shards() {
+    // Far less than 16 threads would hold if each shard kept its own memory: shards run short,
+    // and the pool gathers every shard's free slabs (the out-of-memory path) concurrently.
+    let host = HostMemoryResource::new();
+    let order = std::sync::Arc::new(RecordingOrder::new());
+    let opts = PoolOptions::new(0)
+        .maximum(8 << 20)
+        .shards(16)
+        .order(order.clone());
+    let pool = PoolMemoryResource::new(host.clone(), opts).unwrap();
+    hammer_with(&pool, 20_000, true);
+    assert!(
+        order.events().contains(&OrderEvent::SyncAll),
+        "the gathering path ran"
+    );
+    pool.check_invariants().unwrap();
+    assert_eq!(pool.stats().bytes_in_use, 0);
+    assert!(host.allocated_bytes() <= 8 << 20);
 }
 
 #[test]

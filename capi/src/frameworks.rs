@@ -67,7 +67,7 @@ impl Outstanding {
 fn alloc_recorded(
     entry: Arc<Entry>,
     size: usize,
-    stream: StreamRef,
+    stream: StreamRef<'_>,
     device: usize,
     torch: bool,
 ) -> FfiResult<*mut c_void> {
@@ -89,7 +89,7 @@ fn alloc_recorded(
 }
 
 /// Frees a recorded block on `stream`; a pointer not recorded is refused untouched.
-fn free_recorded(ptr: *mut c_void, stream: StreamRef) -> FfiResult<()> {
+fn free_recorded(ptr: *mut c_void, stream: StreamRef<'_>) -> FfiResult<()> {
     let Some(p) = NonNull::new(ptr.cast::<u8>()) else {
         return Ok(()); // frameworks free null for zero-byte allocations
     };
@@ -139,8 +139,12 @@ fn size_of(size: isize) -> FfiResult<usize> {
     usize::try_from(size).map_err(|_| FfiError::invalid(format!("negative size {size}")))
 }
 
-fn stream_of(stream: *mut c_void) -> StreamRef {
-    // SAFETY: frameworks pass a stream that is valid for the duration of the call.
+/// The framework's stream, as a handle that the caller uses only during the call into carve.
+///
+/// # Safety
+/// `stream` must be valid for `'a` (frameworks pass a stream valid for the call).
+unsafe fn stream_of<'a>(stream: *mut c_void) -> StreamRef<'a> {
+    // SAFETY: forwarded caller contract.
     unsafe { StreamRef::from_raw(stream.cast()) }
 }
 
@@ -209,13 +213,16 @@ fn torch_alloc(slot: Option<usize>, size: isize, dev: c_int, stream: *mut c_void
                 )
             })?,
         };
-        alloc_recorded(entry, size, stream_of(stream), device, true)
+        // SAFETY: PyTorch passes a stream valid for this call, which is all the handle is used for.
+        let stream = unsafe { stream_of(stream) };
+        alloc_recorded(entry, size, stream, device, true)
     })
     .unwrap_or(std::ptr::null_mut())
 }
 
 fn torch_free(ptr: *mut c_void, stream: *mut c_void) {
-    let _ = catch(|| free_recorded(ptr, stream_of(stream)));
+    // SAFETY: PyTorch passes a stream valid for this call, which is all the handle is used for.
+    let _ = catch(|| free_recorded(ptr, unsafe { stream_of(stream) }));
 }
 
 /// PyTorch `alloc`: from the current carve resource of `device`.

@@ -30,7 +30,8 @@ struct Block {
     entry: Arc<Entry>,
     ptr: NonNull<u8>,
     size: usize,
-    stream: StreamRef,
+    /// Python's stream, which the caller promised outlives the buffer (see `stream_ref`).
+    stream: StreamRef<'static>,
 }
 
 // SAFETY: the block is plain memory owned by this value; resources are Send + Sync.
@@ -117,7 +118,7 @@ impl DeviceBuffer {
     /// The stream it is ordered on (a CUstream as an int).
     #[getter]
     fn stream(&self) -> usize {
-        self.block.stream.id()
+        self.block.stream.id().get()
     }
 
     /// The resource it came from (and frees through).
@@ -145,7 +146,7 @@ impl DeviceBuffer {
         d.set_item("strides", py.None())?;
         d.set_item("version", 3)?;
         // v3: 1 names the legacy default stream (0 is not allowed).
-        let s = self.block.stream.id();
+        let s = self.block.stream.id().get();
         d.set_item("stream", if s == 0 { 1 } else { s })?;
         Ok(d)
     }

@@ -49,8 +49,10 @@ pub fn resource_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyRef<'py, Resource
         .map_err(|_| PyTypeError::new_err("expected a carve resource"))
 }
 
-/// A stream argument: a `CUstream` as an int (0: the legacy default stream).
-pub fn stream_ref(stream: usize) -> StreamRef {
+/// A stream argument: a `CUstream` as an int (0: the legacy default stream). Python cannot
+/// lend a borrow, so the handle is `'static`: every method that takes a stream documents
+/// that it must outlive its use (a buffer's, for as long as the buffer lives).
+pub fn stream_ref(stream: usize) -> StreamRef<'static> {
     // SAFETY: the caller names a stream that outlives its use (documented on every method).
     unsafe { StreamRef::from_raw(stream as _) }
 }

@@ -93,7 +93,7 @@ impl<R: MemoryResource> AlignedResourceAdaptor<R> {
 // SAFETY: a padded block holds `bytes` bytes from the rounded-up pointer (the padding covers the
 // rounding), and distinct upstream blocks give distinct, non-overlapping sub-ranges.
 unsafe impl<R: MemoryResource> MemoryResource for AlignedResourceAdaptor<R> {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         check_request(bytes, align, 1)?;
         let align = self.effective(bytes, align);
         if align <= DEFAULT_ALIGNMENT {
@@ -122,7 +122,7 @@ unsafe impl<R: MemoryResource> MemoryResource for AlignedResourceAdaptor<R> {
 
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         align: usize,
@@ -170,5 +170,8 @@ unsafe impl<R: MemoryResource> MemoryResource for AlignedResourceAdaptor<R> {
 
     fn properties(&self) -> Properties {
         self.inner.upstream.properties()
+    }
+    fn device(&self) -> Option<crate::driver::Device> {
+        self.inner.upstream.device()
     }
 }

@@ -62,7 +62,7 @@ where
     R: MemoryResource,
     F: Fn(usize) -> bool + Send + Sync,
 {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         loop {
             match self.inner.upstream.allocate(stream, bytes, align) {
                 Err(e) if e.is_out_of_memory() && (self.inner.callback)(bytes) => continue,
@@ -73,7 +73,7 @@ where
 
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         align: usize,
@@ -84,5 +84,8 @@ where
 
     fn properties(&self) -> Properties {
         self.inner.upstream.properties()
+    }
+    fn device(&self) -> Option<crate::driver::Device> {
+        self.inner.upstream.device()
     }
 }

@@ -85,7 +85,7 @@ impl<R: MemoryResource> LimitingResourceAdaptor<R> {
 
 // SAFETY: blocks come unchanged from the upstream, which upholds the contract.
 unsafe impl<R: MemoryResource> MemoryResource for LimitingResourceAdaptor<R> {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         check_request(bytes, align, 1)?;
         let counted = self.counted(bytes)?;
         let inner = &*self.inner;
@@ -114,7 +114,7 @@ unsafe impl<R: MemoryResource> MemoryResource for LimitingResourceAdaptor<R> {
 
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         align: usize,
@@ -132,6 +132,9 @@ unsafe impl<R: MemoryResource> MemoryResource for LimitingResourceAdaptor<R> {
     fn properties(&self) -> Properties {
         self.inner.upstream.properties()
     }
+    fn device(&self) -> Option<crate::driver::Device> {
+        self.inner.upstream.device()
+    }
 }
 
 #[cfg(all(test, carve_loom))]
@@ -146,13 +149,13 @@ mod loom_tests {
 
     // SAFETY: test double; the addresses are never dereferenced.
     unsafe impl MemoryResource for Fake {
-        fn allocate(&self, _: StreamRef, _bytes: usize, align: usize) -> Result<NonNull<u8>> {
+        fn allocate(&self, _: StreamRef<'_>, _bytes: usize, align: usize) -> Result<NonNull<u8>> {
             let n = self.live.fetch_add(1, Ordering::Relaxed) + 1;
             Ok(NonNull::new((n * align.max(256)) as *mut u8).unwrap())
         }
         unsafe fn deallocate(
             &self,
-            _: StreamRef,
+            _: StreamRef<'_>,
             _: NonNull<u8>,
             _: usize,
             _: usize,
@@ -162,6 +165,9 @@ mod loom_tests {
         }
         fn properties(&self) -> Properties {
             Properties::HOST
+        }
+        fn device(&self) -> Option<crate::driver::Device> {
+            None
         }
     }
 

@@ -143,7 +143,7 @@ impl<R: MemoryResource> LoggingResourceAdaptor<R> {
         action: LogAction,
         ptr: Option<NonNull<u8>>,
         bytes: usize,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
     ) -> Result<()> {
         let line = format_line(thread_id(), &clock(), action, ptr, bytes, stream);
         let mut out = lock(&self.inner.out);
@@ -169,13 +169,13 @@ fn format_line(
     action: LogAction,
     ptr: Option<NonNull<u8>>,
     bytes: usize,
-    stream: StreamRef,
+    stream: StreamRef<'_>,
 ) -> String {
     let ptr = match ptr {
         Some(p) => format!("{:#x}", p.as_ptr() as usize),
         None => "(nil)".to_owned(),
     };
-    let stream = match stream.id() {
+    let stream = match stream.id().get() {
         0 => "0".to_owned(),
         id => format!("{id:#x}"),
     };
@@ -241,7 +241,7 @@ fn utc_hms(secs: u64) -> (i32, i32, i32) {
 
 // SAFETY: blocks come unchanged from the upstream, which upholds the contract.
 unsafe impl<R: MemoryResource> MemoryResource for LoggingResourceAdaptor<R> {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         match self.inner.upstream.allocate(stream, bytes, align) {
             Ok(ptr) => {
                 if let Err(e) = self.log(LogAction::Allocate, Some(ptr), bytes, stream) {
@@ -261,7 +261,7 @@ unsafe impl<R: MemoryResource> MemoryResource for LoggingResourceAdaptor<R> {
 
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         align: usize,
@@ -273,6 +273,9 @@ unsafe impl<R: MemoryResource> MemoryResource for LoggingResourceAdaptor<R> {
 
     fn properties(&self) -> Properties {
         self.inner.upstream.properties()
+    }
+    fn device(&self) -> Option<crate::driver::Device> {
+        self.inner.upstream.device()
     }
 }
 

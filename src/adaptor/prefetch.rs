@@ -61,7 +61,7 @@ impl<R: MemoryResource> PrefetchResourceAdaptor<R> {
 
 // SAFETY: blocks come unchanged from the upstream, which upholds the contract.
 unsafe impl<R: MemoryResource> MemoryResource for PrefetchResourceAdaptor<R> {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let ptr = self.inner.upstream.allocate(stream, bytes, align)?;
         if let Err(e) = prefetch_to_device(ptr, bytes, &self.inner.device, stream) {
             // SAFETY: just allocated with these arguments; nothing was queued that uses it.
@@ -73,7 +73,7 @@ unsafe impl<R: MemoryResource> MemoryResource for PrefetchResourceAdaptor<R> {
 
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         align: usize,
@@ -85,13 +85,16 @@ unsafe impl<R: MemoryResource> MemoryResource for PrefetchResourceAdaptor<R> {
     fn properties(&self) -> Properties {
         self.inner.upstream.properties()
     }
+    fn device(&self) -> Option<crate::driver::Device> {
+        self.inner.upstream.device()
+    }
 }
 
 fn prefetch_to_device(
     ptr: NonNull<u8>,
     bytes: usize,
     device: &Device,
-    stream: StreamRef,
+    stream: StreamRef<'_>,
 ) -> Result<()> {
     device.bind()?;
     prefetch_raw(

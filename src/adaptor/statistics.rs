@@ -139,7 +139,7 @@ fn as_i64(bytes: usize) -> i64 {
 
 // SAFETY: blocks come unchanged from the upstream, which upholds the contract.
 unsafe impl<R: MemoryResource> MemoryResource for StatisticsResourceAdaptor<R> {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let ptr = self.inner.upstream.allocate(stream, bytes, align)?;
         let mut stack = lock(&self.inner.stack);
         let top = stack.last_mut().expect("the base scope is never popped");
@@ -150,7 +150,7 @@ unsafe impl<R: MemoryResource> MemoryResource for StatisticsResourceAdaptor<R> {
 
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         align: usize,
@@ -166,6 +166,9 @@ unsafe impl<R: MemoryResource> MemoryResource for StatisticsResourceAdaptor<R> {
 
     fn properties(&self) -> Properties {
         self.inner.upstream.properties()
+    }
+    fn device(&self) -> Option<crate::driver::Device> {
+        self.inner.upstream.device()
     }
 }
 

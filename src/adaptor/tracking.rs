@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use super::lock;
 use crate::error::{Error, Result};
 use crate::resource::{MemoryResource, Properties};
-use crate::stream::StreamRef;
+use crate::stream::{StreamId, StreamRef};
 
 const NAME: &str = "TrackingResourceAdaptor";
 
@@ -27,7 +27,7 @@ pub struct Allocation {
     /// Its alignment as requested.
     pub align: usize,
     /// The stream it was allocated on.
-    pub stream: StreamRef,
+    pub stream: StreamId,
     /// Where it was allocated, when the adaptor captures backtraces.
     pub backtrace: Option<Arc<Backtrace>>,
 }
@@ -143,7 +143,7 @@ impl<R: MemoryResource> TrackingResourceAdaptor<R> {
 // SAFETY: blocks come unchanged from the upstream, which upholds the contract; frees reach the
 // upstream only for blocks this adaptor holds as live.
 unsafe impl<R: MemoryResource> MemoryResource for TrackingResourceAdaptor<R> {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let ptr = self.inner.upstream.allocate(stream, bytes, align)?;
         let backtrace = self
             .inner
@@ -159,7 +159,7 @@ unsafe impl<R: MemoryResource> MemoryResource for TrackingResourceAdaptor<R> {
                 ptr: addr,
                 bytes,
                 align,
-                stream,
+                stream: stream.id(),
                 backtrace,
             },
         );
@@ -168,7 +168,7 @@ unsafe impl<R: MemoryResource> MemoryResource for TrackingResourceAdaptor<R> {
 
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         align: usize,
@@ -221,5 +221,8 @@ unsafe impl<R: MemoryResource> MemoryResource for TrackingResourceAdaptor<R> {
 
     fn properties(&self) -> Properties {
         self.inner.upstream.properties()
+    }
+    fn device(&self) -> Option<crate::driver::Device> {
+        self.inner.upstream.device()
     }
 }

@@ -16,7 +16,7 @@ thread_local! {
 /// is not being captured. `None` without a driver.
 ///
 /// `stream` must be a real stream (not [`StreamRef::simulated`]) or the default stream.
-pub fn capture_id(stream: StreamRef) -> Result<Option<u64>> {
+pub fn capture_id(stream: StreamRef<'_>) -> Result<Option<u64>> {
     if super::init().is_err() {
         return Ok(None);
     }
@@ -104,7 +104,7 @@ fn thread_mode_is_relaxed() -> bool {
 /// [`Error::StreamCapture`] when `stream` is being captured and the calling thread has not
 /// relaxed its capture mode: for resources whose synchronous calls would then invalidate the
 /// capture. (In relaxed mode the driver allows them, and the caller takes care of addresses.)
-pub(crate) fn refuse_capture(resource: &'static str, stream: StreamRef) -> Result<()> {
+pub(crate) fn refuse_capture(resource: &'static str, stream: StreamRef<'_>) -> Result<()> {
     if in_relaxed_scope() {
         return Ok(());
     }

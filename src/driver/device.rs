@@ -181,6 +181,64 @@ impl Device {
             .map_err(|e| Error::driver("cuCtxSynchronize", e))
     }
 
+    /// True when kernels on this device can access memory on `peer` once peer access is
+    /// enabled (`cuDeviceCanAccessPeer`). A device is its own peer.
+    pub fn can_access_peer(&self, peer: &Device) -> Result<bool> {
+        if self == peer {
+            return Ok(true);
+        }
+        let mut can = 0;
+        // SAFETY: a valid out-slot and two device handles.
+        unsafe {
+            sys::cuDeviceCanAccessPeer(
+                &mut can,
+                self.inner.ctx.cu_device(),
+                peer.inner.ctx.cu_device(),
+            )
+        }
+        .result()
+        .map_err(|e| Error::driver("cuDeviceCanAccessPeer", e))?;
+        Ok(can != 0)
+    }
+
+    /// Lets kernels and copies in this device's context access `peer`'s `cuMemAlloc` memory
+    /// (`cuCtxEnablePeerAccess`); a no-op when already enabled or when `peer` is this device.
+    /// Driver pools grant access per pool instead
+    /// ([`AsyncMemoryResource::set_access`](crate::AsyncMemoryResource::set_access)).
+    pub fn enable_peer_access(&self, peer: &Device) -> Result<()> {
+        if self == peer {
+            return Ok(());
+        }
+        if !self.can_access_peer(peer)? {
+            return Err(Error::Unsupported(format!(
+                "device {} cannot access device {}'s memory",
+                self.ordinal(),
+                peer.ordinal()
+            )));
+        }
+        self.bind()?;
+        // SAFETY: this device's context is current (bound above); `peer`'s context is retained
+        // for the process's life.
+        match unsafe { sys::cuCtxEnablePeerAccess(peer.inner.ctx.cu_ctx(), 0) } {
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {
+                Ok(())
+            }
+            e => Err(Error::driver(
+                "cuCtxEnablePeerAccess",
+                cudarc::driver::DriverError(e),
+            )),
+        }
+    }
+
+    /// Waits for the legacy default stream of this device's context (not the calling thread's
+    /// current one).
+    pub fn synchronize_default_stream(&self) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the null stream is always valid in a current context (bound above).
+        unsafe { result::stream::synchronize(std::ptr::null_mut()) }
+            .map_err(|e| Error::driver("cuStreamSynchronize", e))
+    }
+
     /// carve's shipped module ([`super::PTX`]), loaded into this context on first use.
     pub fn kernels(&self) -> Result<&Kernels> {
         self.load_once(&self.inner.kernels, super::PTX)

@@ -46,21 +46,6 @@ pub fn is_available() -> bool {
     Device::count().is_ok_and(|n| n > 0)
 }
 
-/// Waits for the legacy default stream of the calling thread's current context. With no driver
-/// or no current context there is no queued device work, so this returns at once.
-pub(crate) fn synchronize_default_stream() -> Result<()> {
-    if init().is_err() {
-        return Ok(());
-    }
-    let current = result::ctx::get_current().map_err(|e| Error::driver("cuCtxGetCurrent", e))?;
-    if current.is_none() {
-        return Ok(());
-    }
-    // SAFETY: the null stream is always valid in a current context.
-    unsafe { result::stream::synchronize(std::ptr::null_mut()) }
-        .map_err(|e| Error::driver("cuStreamSynchronize", e))
-}
-
 /// Whether GPU tests must fail rather than skip when no device is found (`CARVE_REQUIRE_GPU=1`).
 pub fn gpu_required() -> bool {
     std::env::var_os("CARVE_REQUIRE_GPU").is_some_and(|v| v == "1")

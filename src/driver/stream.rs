@@ -20,10 +20,18 @@ impl Stream {
         Stream { device, inner }
     }
 
-    /// The handle resources take. Valid while this `Stream` (or a clone) lives.
-    pub fn as_ref(&self) -> StreamRef {
-        // SAFETY: the stream outlives every use the caller makes while holding `self`; a
-        // `StreamRef` outliving it is the caller's documented responsibility.
+    /// The handle resources take. It borrows this `Stream`, so the stream outlives it:
+    ///
+    /// ```compile_fail
+    /// # fn f(dev: &carve::Device) -> carve::Result<()> {
+    /// let stream = dev.new_stream()?;
+    /// let r = stream.as_ref();
+    /// drop(stream); // error: `stream` is still borrowed by `r`
+    /// let _ = r.as_raw();
+    /// # Ok(()) }
+    /// ```
+    pub fn as_ref(&self) -> StreamRef<'_> {
+        // SAFETY: the handle borrows `self`, which keeps the stream alive.
         unsafe { StreamRef::from_raw(self.inner.cu_stream()) }
     }
 
@@ -73,10 +81,11 @@ impl Event {
         Ok(Event { inner })
     }
 
-    /// Captures the work queued on `stream` so far.
+    /// Captures the work queued on `stream` so far, in this event's context (whatever context
+    /// is current on the calling thread).
     ///
     /// `stream` must belong to this event's device (the driver rejects others).
-    pub fn record(&self, stream: StreamRef) -> Result<()> {
+    pub fn record(&self, stream: StreamRef<'_>) -> Result<()> {
         self.inner
             .context()
             .bind_to_thread()
@@ -100,8 +109,12 @@ impl Event {
             .map_err(|e| Error::driver("cuEventSynchronize", e))
     }
 
-    /// Makes `stream` wait for the captured work.
-    pub fn wait_on(&self, stream: StreamRef) -> Result<()> {
+    /// Makes `stream` wait for the captured work (`stream` may belong to another device).
+    pub fn wait_on(&self, stream: StreamRef<'_>) -> Result<()> {
+        self.inner
+            .context()
+            .bind_to_thread()
+            .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
         // SAFETY: both handles are live (the stream by `StreamRef`'s contract).
         unsafe {
             result::stream::wait_event(

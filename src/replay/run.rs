@@ -130,7 +130,7 @@ impl Shared<'_> {
             } => {
                 match self
                     .mr
-                    .allocate(self.target.streams[stream], bytes, DEFAULT_ALIGNMENT)
+                    .allocate(self.target.streams()[stream], bytes, DEFAULT_ALIGNMENT)
                 {
                     Ok(p) => {
                         self.slots[slot].store(p.as_ptr().expose_provenance(), Ordering::Relaxed)
@@ -180,7 +180,7 @@ impl Shared<'_> {
         // replay never touches the memory.
         unsafe {
             self.mr
-                .deallocate(self.target.streams[stream], ptr, bytes, DEFAULT_ALIGNMENT)
+                .deallocate(self.target.streams()[stream], ptr, bytes, DEFAULT_ALIGNMENT)
         }
     }
 

@@ -116,8 +116,8 @@ pub struct Target {
     pub resource: SharedResource,
     /// A label for the report.
     pub name: String,
-    /// By plan stream index.
-    pub streams: Vec<StreamRef>,
+    /// By plan stream index; the real ones live in `_owned_streams` (see [`Target::streams`]).
+    streams: Vec<StreamRef<'static>>,
     /// Fragmentation now (`1 - largest free / free`), when the resource can tell.
     pub fragmentation: Option<Probe>,
     /// The most bytes the resource has taken from its upstream (the device) so far.
@@ -144,7 +144,11 @@ impl fmt::Debug for Target {
 impl Target {
     /// A target over any resource, with `streams` by plan stream index (for embedding the
     /// replay in tests or tools with a resource `--resource` does not name).
-    pub fn new(resource: SharedResource, name: impl Into<String>, streams: Vec<StreamRef>) -> Self {
+    pub fn new(
+        resource: SharedResource,
+        name: impl Into<String>,
+        streams: Vec<StreamRef<'static>>,
+    ) -> Self {
         Target {
             resource,
             name: name.into(),
@@ -156,6 +160,11 @@ impl Target {
             _owned_streams: Vec::new(),
             device: None,
         }
+    }
+
+    /// The streams, by plan stream index, borrowed from the target that keeps them alive.
+    pub fn streams(&self) -> &[StreamRef<'_>] {
+        &self.streams
     }
 }
 
@@ -227,7 +236,9 @@ pub fn build_target(opts: &ResourceOptions, logged_streams: &[u64]) -> Result<Ta
             2 => StreamRef::PER_THREAD,
             _ => {
                 let s = device.new_stream()?;
-                let r = s.as_ref();
+                // SAFETY: the stream is kept in `_owned_streams` for the target's life, and the
+                // private handle is only lent out borrowing the target (`Target::streams`).
+                let r = unsafe { StreamRef::from_raw(s.as_ref().as_raw()) };
                 owned.push(s);
                 r
             }
@@ -276,7 +287,7 @@ fn simulated(opts: &ResourceOptions, capacity: usize) -> Result<Probes> {
     Ok(p)
 }
 
-fn simulated_streams(logged: &[u64]) -> Vec<StreamRef> {
+fn simulated_streams(logged: &[u64]) -> Vec<StreamRef<'static>> {
     logged
         .iter()
         .enumerate()
@@ -462,7 +473,7 @@ impl Probes {
     fn into_target(
         self,
         name: String,
-        streams: Vec<StreamRef>,
+        streams: Vec<StreamRef<'static>>,
         owned: Vec<Stream>,
         device: Option<Device>,
     ) -> Target {

@@ -12,7 +12,7 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::coalescing::core::{allocate_from, free_into, PoolCore, GRAIN};
+use super::coalescing::core::{allocate_from, free_into, PoolCore, Reach, GRAIN};
 use super::stream_order::default_order;
 use super::{
     check_request, MemoryResource, PoolMemoryResource, PoolOptions, PoolStats, Properties,
@@ -183,7 +183,7 @@ impl<R: MemoryResource> ArenaMemoryResource<R> {
     }
 
     /// Returns an empty superblock to the global arena.
-    fn give_back(&self, core: &mut ArenaCore, base: usize, stream: StreamRef) -> Result<()> {
+    fn give_back(&self, core: &mut ArenaCore, base: usize, stream: StreamRef<'_>) -> Result<()> {
         if !core.index.remove_chunk(base) {
             return Ok(());
         }
@@ -202,22 +202,30 @@ impl<R: MemoryResource> ArenaMemoryResource<R> {
 // (disjoint, live until given back, and given back only when empty); large blocks come from the
 // global pool itself. Frees reach the arena that owns the block.
 unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, GRAIN)?;
         if self.is_large(bytes) || align > GRAIN {
             return self.inner.global.allocate(stream, bytes, align);
         }
         let arena = &self.inner.arenas[self.my_arena()];
         let mut core = lock(arena);
-        if let Some(p) = allocate_from(&mut core.index, &*self.inner.order, stream, bytes, align)? {
+        let order = &*self.inner.order;
+        if let Some(p) = allocate_from(
+            &mut core.index,
+            order,
+            stream,
+            bytes,
+            align,
+            Reach::Synchronize,
+        )? {
             return Ok(p);
         }
         let sb = self.inner.superblock;
         let base = self.inner.global.allocate(stream, sb, GRAIN)?;
         core.index
-            .add_chunk(base.as_ptr() as usize, sb, Some(stream));
+            .add_chunk(base.as_ptr() as usize, sb, Some(stream.id()));
         core.index
-            .take(stream, bytes, align)
+            .take(stream.id(), bytes, align)
             .ok_or_else(|| Error::OutOfMemory {
                 bytes,
                 resource: NAME,
@@ -227,7 +235,7 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
 
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         align: usize,
@@ -258,6 +266,7 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
                 stream,
                 addr,
                 bytes,
+                false,
             );
             match freed {
                 Ok(Some(empty)) => {
@@ -268,7 +277,7 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
                         core.spare = Some(empty.base);
                         return Ok(());
                     }
-                    return self.give_back(&mut core, empty.base, empty.stream);
+                    return self.give_back(&mut core, empty.base, stream);
                 }
                 Ok(None) => return Ok(()),
                 Err(e) if i == mine => first_err = Some(e),
@@ -283,6 +292,9 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
 
     fn properties(&self) -> Properties {
         self.inner.global.properties()
+    }
+    fn device(&self) -> Option<crate::driver::Device> {
+        self.inner.global.device()
     }
 }
 

@@ -2,8 +2,10 @@
 //! carve creates (`cuMemPoolCreate`) or one it wraps without owning (the device's default or
 //! current pool, or a raw handle from another library).
 
+mod ipc;
 mod options;
 
+pub use ipc::{ImportedPointer, ImportedPool, PointerExport};
 pub use options::AsyncPoolOptions;
 
 use std::ffi::c_void;
@@ -463,7 +465,7 @@ fn create_pool(
 // SAFETY: the driver pool returns distinct live blocks of the requested size, at least 256-byte
 // aligned; larger alignments are refused. The ledger frees each block once.
 unsafe impl MemoryResource for AsyncMemoryResource {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, 1)?;
         if align > DEFAULT_ALIGNMENT {
             return Err(Error::Unsupported(format!(
@@ -490,7 +492,7 @@ unsafe impl MemoryResource for AsyncMemoryResource {
 
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         _align: usize,
@@ -508,6 +510,9 @@ unsafe impl MemoryResource for AsyncMemoryResource {
 
     fn properties(&self) -> Properties {
         Properties::DEVICE
+    }
+    fn device(&self) -> Option<Device> {
+        Some(self.inner.device.clone())
     }
 }
 

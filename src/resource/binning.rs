@@ -131,14 +131,14 @@ impl<R: MemoryResource> BinningMemoryResource<R> {
 // SAFETY: pure routing; every block comes from a bin or the upstream, each of which upholds the
 // contract, and is returned to the same one (routing depends only on size and alignment).
 unsafe impl<R: MemoryResource> MemoryResource for BinningMemoryResource<R> {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, DEFAULT_ALIGNMENT)?;
         self.route(bytes, align).allocate(stream, bytes, align)
     }
 
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         align: usize,
@@ -153,6 +153,9 @@ unsafe impl<R: MemoryResource> MemoryResource for BinningMemoryResource<R> {
 
     fn properties(&self) -> Properties {
         self.inner.upstream.properties()
+    }
+    fn device(&self) -> Option<crate::driver::Device> {
+        self.inner.upstream.device()
     }
 }
 

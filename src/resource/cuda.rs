@@ -40,7 +40,7 @@ impl CudaMemoryResource {
 // SAFETY: the driver returns distinct, live, 256-byte-aligned allocations of the requested size;
 // larger alignments are refused rather than silently unmet.
 unsafe impl MemoryResource for CudaMemoryResource {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, 1)?;
         if align > DEFAULT_ALIGNMENT {
             return Err(Error::Unsupported(format!(
@@ -77,7 +77,7 @@ unsafe impl MemoryResource for CudaMemoryResource {
 
     unsafe fn deallocate(
         &self,
-        _stream: StreamRef,
+        _stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         _bytes: usize,
         _align: usize,
@@ -100,5 +100,8 @@ unsafe impl MemoryResource for CudaMemoryResource {
 
     fn properties(&self) -> Properties {
         Properties::DEVICE
+    }
+    fn device(&self) -> Option<Device> {
+        Some(self.device.clone())
     }
 }

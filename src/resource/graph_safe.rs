@@ -15,8 +15,9 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{HostOrder, MemoryResource, PoolMemoryResource, PoolOptions, PoolStats, Properties};
+use crate::driver::Device;
 use crate::error::{Error, Result};
-use crate::stream::StreamRef;
+use crate::stream::{StreamId, StreamRef};
 
 const NAME: &str = "GraphSafeMemoryResource";
 
@@ -24,7 +25,7 @@ const NAME: &str = "GraphSafeMemoryResource";
 /// logic runs without a GPU.
 pub trait CaptureQuery: Send + Sync + fmt::Debug {
     /// The id of the capture `stream` takes part in, or `None` when it is not captured.
-    fn capture_id(&self, stream: StreamRef) -> Result<Option<u64>>;
+    fn capture_id(&self, stream: StreamRef<'_>) -> Result<Option<u64>>;
     /// Runs `f` where synchronous allocator calls do not disturb a capture.
     fn relaxed(&self, f: &mut dyn FnMut());
     /// Waits for all work on the device (outside any capture).
@@ -37,7 +38,7 @@ pub trait CaptureQuery: Send + Sync + fmt::Debug {
 pub struct DriverCapture;
 
 impl CaptureQuery for DriverCapture {
-    fn capture_id(&self, stream: StreamRef) -> Result<Option<u64>> {
+    fn capture_id(&self, stream: StreamRef<'_>) -> Result<Option<u64>> {
         crate::driver::capture::capture_id(stream)
     }
     fn relaxed(&self, f: &mut dyn FnMut()) {
@@ -47,7 +48,7 @@ impl CaptureQuery for DriverCapture {
         if crate::driver::init().is_err() {
             return Ok(());
         }
-        crate::driver::Device::current()?.synchronize()
+        Device::current()?.synchronize()
     }
 }
 
@@ -55,7 +56,7 @@ impl CaptureQuery for DriverCapture {
 /// [`end`](Self::end), with no driver.
 #[derive(Debug, Default)]
 pub struct SimulatedCapture {
-    captures: Mutex<HashMap<StreamRef, u64>>,
+    captures: Mutex<HashMap<StreamId, u64>>,
 }
 
 impl SimulatedCapture {
@@ -64,21 +65,21 @@ impl SimulatedCapture {
         Self::default()
     }
     /// `stream` is captured, in capture `id`, from now on.
-    pub fn begin(&self, stream: StreamRef, id: u64) {
-        self.lock().insert(stream, id);
+    pub fn begin(&self, stream: StreamRef<'_>, id: u64) {
+        self.lock().insert(stream.id(), id);
     }
     /// `stream`'s capture ended.
-    pub fn end(&self, stream: StreamRef) {
-        self.lock().remove(&stream);
+    pub fn end(&self, stream: StreamRef<'_>) {
+        self.lock().remove(&stream.id());
     }
-    fn lock(&self) -> MutexGuard<'_, HashMap<StreamRef, u64>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<StreamId, u64>> {
         self.captures.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 impl CaptureQuery for SimulatedCapture {
-    fn capture_id(&self, stream: StreamRef) -> Result<Option<u64>> {
-        Ok(self.lock().get(&stream).copied())
+    fn capture_id(&self, stream: StreamRef<'_>) -> Result<Option<u64>> {
+        Ok(self.lock().get(&stream.id()).copied())
     }
     fn relaxed(&self, f: &mut dyn FnMut()) {
         f()
@@ -102,7 +103,7 @@ impl<R: fmt::Debug> fmt::Debug for Relaxed<R> {
 
 // SAFETY: pure delegation; only the thread's capture mode changes around the calls.
 unsafe impl<R: MemoryResource> MemoryResource for Relaxed<R> {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let mut out = None;
         self.query
             .relaxed(&mut || out = Some(self.upstream.allocate(stream, bytes, align)));
@@ -110,7 +111,7 @@ unsafe impl<R: MemoryResource> MemoryResource for Relaxed<R> {
     }
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         align: usize,
@@ -124,6 +125,9 @@ unsafe impl<R: MemoryResource> MemoryResource for Relaxed<R> {
     }
     fn properties(&self) -> Properties {
         self.upstream.properties()
+    }
+    fn device(&self) -> Option<Device> {
+        self.upstream.device()
     }
 }
 
@@ -169,8 +173,8 @@ struct Inner<R: MemoryResource + Clone> {
     pools: Mutex<HashMap<u64, GraphPool<R>>>,
     /// Frees of upstream blocks asked for on a captured stream (the upstream's free, e.g.
     /// cuMemFree, would invalidate the capture): done at the next call on a stream that is not
-    /// captured. (stream, address, bytes, align).
-    pending: Mutex<Vec<(StreamRef, usize, usize, usize)>>,
+    /// captured, after a device-wide synchronisation. (address, bytes, align).
+    pending: Mutex<Vec<(usize, usize, usize)>>,
 }
 
 impl<R: MemoryResource + Clone> Clone for GraphSafeMemoryResource<R> {
@@ -253,14 +257,16 @@ impl<R: MemoryResource + Clone> GraphSafeMemoryResource<R> {
         self.pending().len()
     }
 
-    /// Does the upstream frees a capture deferred (called outside any capture).
-    fn flush_pending(&self) -> Result<()> {
+    /// Does the upstream frees a capture deferred, on `stream` (not captured), once the work
+    /// queued before them (on streams that may be gone) is done.
+    fn flush_pending(&self, stream: StreamRef<'_>) -> Result<()> {
+        self.inner.query.synchronize()?;
         let pending = std::mem::take(&mut *self.pending());
         let mut first_error = Ok(());
-        for (stream, addr, bytes, align) in pending {
+        for (addr, bytes, align) in pending {
             let ptr = NonNull::new(addr as *mut u8).expect("pending frees are non-null");
             // SAFETY: a block of the upstream the client freed (its contract), taken out of the
-            // list so it is freed once; its stream is no longer captured, or the device waits.
+            // list so it is freed once; the device is idle, so no work uses it.
             let r = unsafe { self.inner.upstream.deallocate(stream, ptr, bytes, align) };
             if first_error.is_ok() {
                 first_error = r;
@@ -269,7 +275,7 @@ impl<R: MemoryResource + Clone> GraphSafeMemoryResource<R> {
         first_error
     }
 
-    fn pending(&self) -> MutexGuard<'_, Vec<(StreamRef, usize, usize, usize)>> {
+    fn pending(&self) -> MutexGuard<'_, Vec<(usize, usize, usize)>> {
         self.inner
             .pending
             .lock()
@@ -288,10 +294,10 @@ impl<R: MemoryResource + Clone> GraphSafeMemoryResource<R> {
 // SAFETY: blocks come from the upstream (outside capture) or from a private pool over it, both
 // upholding the contract; a graph block is never handed out again before its pool is released.
 unsafe impl<R: MemoryResource + Clone> MemoryResource for GraphSafeMemoryResource<R> {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let Some(capture) = self.inner.query.capture_id(stream)? else {
             if !self.pending().is_empty() {
-                self.flush_pending()?;
+                self.flush_pending(stream)?;
             }
             return self.inner.upstream.allocate(stream, bytes, align);
         };
@@ -321,7 +327,7 @@ unsafe impl<R: MemoryResource + Clone> MemoryResource for GraphSafeMemoryResourc
 
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         align: usize,
@@ -352,11 +358,11 @@ unsafe impl<R: MemoryResource + Clone> MemoryResource for GraphSafeMemoryResourc
             }
         }
         if self.inner.query.capture_id(stream)?.is_some() {
-            self.pending().push((stream, addr, bytes, align));
+            self.pending().push((addr, bytes, align));
             return Ok(());
         }
         if !self.pending().is_empty() {
-            self.flush_pending()?;
+            self.flush_pending(stream)?;
         }
         // SAFETY: not a graph block, so it came from the upstream: the caller's contract.
         unsafe { self.inner.upstream.deallocate(stream, ptr, bytes, align) }
@@ -364,6 +370,10 @@ unsafe impl<R: MemoryResource + Clone> MemoryResource for GraphSafeMemoryResourc
 
     fn properties(&self) -> Properties {
         self.inner.upstream.properties()
+    }
+
+    fn device(&self) -> Option<Device> {
+        self.inner.upstream.device()
     }
 }
 
@@ -381,8 +391,8 @@ mod tests {
     use super::*;
     use crate::resource::SimulatedMemoryResource;
 
-    const S: StreamRef = StreamRef::simulated(1);
-    const T: StreamRef = StreamRef::simulated(2);
+    const S: StreamRef<'static> = StreamRef::simulated(1);
+    const T: StreamRef<'static> = StreamRef::simulated(2);
 
     fn nn(a: usize) -> NonNull<u8> {
         NonNull::new(a as *mut u8).unwrap()

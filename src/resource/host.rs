@@ -46,7 +46,7 @@ impl HostMemoryResource {
 // SAFETY: blocks come from the global allocator with the checked layout, so they are aligned,
 // sized and disjoint; a block is released only once, after the map confirms we own it.
 unsafe impl MemoryResource for HostMemoryResource {
-    fn allocate(&self, _stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, _stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, 1)?;
         let layout = Layout::from_size_align(bytes, align)
             .map_err(|_| Error::SizeOverflow { bytes, align })?;
@@ -64,7 +64,7 @@ unsafe impl MemoryResource for HostMemoryResource {
 
     unsafe fn deallocate(
         &self,
-        _stream: StreamRef,
+        _stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         _align: usize,
@@ -95,6 +95,9 @@ unsafe impl MemoryResource for HostMemoryResource {
 
     fn properties(&self) -> Properties {
         Properties::HOST
+    }
+    fn device(&self) -> Option<crate::driver::Device> {
+        None
     }
 }
 

@@ -79,7 +79,7 @@ impl ManagedMemoryResource {
 // SAFETY: the driver returns distinct live allocations of the requested size, 256-byte aligned;
 // larger alignments are refused. The ledger frees each block once.
 unsafe impl MemoryResource for ManagedMemoryResource {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, 1)?;
         if align > DEFAULT_ALIGNMENT {
             return Err(Error::Unsupported(format!(
@@ -123,7 +123,7 @@ unsafe impl MemoryResource for ManagedMemoryResource {
 
     unsafe fn deallocate(
         &self,
-        _stream: StreamRef,
+        _stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         _align: usize,
@@ -141,6 +141,9 @@ unsafe impl MemoryResource for ManagedMemoryResource {
 
     fn properties(&self) -> Properties {
         Properties::BOTH
+    }
+    fn device(&self) -> Option<Device> {
+        Some(self.inner.device.clone())
     }
 }
 

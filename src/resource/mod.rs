@@ -25,7 +25,10 @@ mod location;
 mod managed;
 mod pinned;
 
-pub use async_pool::{AsyncMemoryResource, AsyncPoolOptions, AsyncPoolStats, PoolAccess};
+pub use async_pool::{
+    AsyncMemoryResource, AsyncPoolOptions, AsyncPoolStats, ImportedPointer, ImportedPool,
+    PointerExport, PoolAccess,
+};
 pub use cuda::CudaMemoryResource;
 pub use fixed_size::{FixedSizeMemoryResource, FixedSizeOptions, FixedSizeStats};
 pub use graph_safe::{
@@ -54,6 +57,7 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use crate::driver::Device;
 use crate::error::{Error, Result};
 use crate::stream::StreamRef;
 
@@ -105,7 +109,7 @@ pub unsafe trait MemoryResource: Send + Sync + fmt::Debug {
     ///
     /// Zero sizes, non-power-of-two alignments and sizes that overflow once aligned are
     /// [`Error::ZeroSize`], [`Error::InvalidAlignment`] and [`Error::SizeOverflow`].
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>>;
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>>;
 
     /// Returns a block, ordered on `stream`.
     ///
@@ -118,7 +122,7 @@ pub unsafe trait MemoryResource: Send + Sync + fmt::Debug {
     /// `stream`.
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         align: usize,
@@ -127,11 +131,18 @@ pub unsafe trait MemoryResource: Send + Sync + fmt::Debug {
     /// Where the memory is accessible from.
     fn properties(&self) -> Properties;
 
-    /// Allocates on the default stream and waits for it, so the block is usable from any stream.
+    /// The device whose context the resource's driver calls run in, and whose streams order
+    /// its memory; `None` for resources that never call the driver (host, simulated memory).
+    /// Adaptors report their upstream's. Stream ordering and synchronisation use this device,
+    /// never the calling thread's current one.
+    fn device(&self) -> Option<Device>;
+
+    /// Allocates on the default stream of the resource's [`device`](Self::device) and waits for
+    /// it, so the block is usable from any stream.
     fn allocate_sync(&self, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let ptr = self.allocate(StreamRef::DEFAULT, bytes, align)?;
-        if self.properties().device_accessible {
-            crate::driver::synchronize_default_stream()?;
+        if let Some(device) = self.device() {
+            device.synchronize_default_stream()?;
         }
         Ok(ptr)
     }
@@ -142,8 +153,8 @@ pub unsafe trait MemoryResource: Send + Sync + fmt::Debug {
     /// As for [`deallocate`](Self::deallocate); additionally no work on any stream may still use
     /// the block.
     unsafe fn deallocate_sync(&self, ptr: NonNull<u8>, bytes: usize, align: usize) -> Result<()> {
-        if self.properties().device_accessible {
-            crate::driver::synchronize_default_stream()?;
+        if let Some(device) = self.device() {
+            device.synchronize_default_stream()?;
         }
         // SAFETY: forwarded caller contract.
         unsafe { self.deallocate(StreamRef::DEFAULT, ptr, bytes, align) }
@@ -157,12 +168,12 @@ macro_rules! forward_resource {
     ($($ty:ty),*) => {$(
         // SAFETY: pure delegation; the pointee upholds the contract.
         unsafe impl<R: MemoryResource + ?Sized> MemoryResource for $ty {
-            fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+            fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
                 (**self).allocate(stream, bytes, align)
             }
             unsafe fn deallocate(
                 &self,
-                stream: StreamRef,
+                stream: StreamRef<'_>,
                 ptr: NonNull<u8>,
                 bytes: usize,
                 align: usize,
@@ -172,6 +183,9 @@ macro_rules! forward_resource {
             }
             fn properties(&self) -> Properties {
                 (**self).properties()
+            }
+            fn device(&self) -> Option<Device> {
+                (**self).device()
             }
         }
     )*};

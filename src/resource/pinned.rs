@@ -112,7 +112,7 @@ fn mapped_device_pointer(device: &Device, host: NonNull<u8>) -> Result<u64> {
 // SAFETY: the driver returns distinct live allocations of the requested size, aligned to
 // PINNED_ALIGNMENT; larger alignments are refused. The ledger frees each block once.
 unsafe impl MemoryResource for PinnedHostMemoryResource {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, 1)?;
         if align > PINNED_ALIGNMENT {
             return Err(Error::Unsupported(format!(
@@ -150,7 +150,7 @@ unsafe impl MemoryResource for PinnedHostMemoryResource {
 
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         _align: usize,
@@ -175,6 +175,10 @@ unsafe impl MemoryResource for PinnedHostMemoryResource {
         } else {
             Properties::HOST
         }
+    }
+
+    fn device(&self) -> Option<Device> {
+        Some(self.inner.device.clone())
     }
 }
 

@@ -135,7 +135,7 @@ impl SimulatedMemoryResource {
 // aligned as asked. They are never dereferenceable, which `properties()` states; callers that
 // honour properties (and suballocators, which only do address arithmetic) never touch them.
 unsafe impl MemoryResource for SimulatedMemoryResource {
-    fn allocate(&self, _stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, _stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, DEFAULT_ALIGNMENT)?;
         let len = align_up(bytes, DEFAULT_ALIGNMENT).ok_or(Error::SizeOverflow { bytes, align })?;
         // Any free range this long has an `align`-aligned start with `len` bytes after it.
@@ -168,7 +168,7 @@ unsafe impl MemoryResource for SimulatedMemoryResource {
 
     unsafe fn deallocate(
         &self,
-        _stream: StreamRef,
+        _stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         _align: usize,
@@ -210,13 +210,16 @@ unsafe impl MemoryResource for SimulatedMemoryResource {
             host_accessible: false,
         }
     }
+    fn device(&self) -> Option<crate::driver::Device> {
+        None
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const S: StreamRef = StreamRef::DEFAULT;
+    const S: StreamRef<'static> = StreamRef::DEFAULT;
 
     #[test]
     fn fills_to_capacity_and_refuses_past_it() {

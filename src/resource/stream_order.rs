@@ -15,8 +15,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::MemoryResource;
 use crate::driver::{Device, Event};
+use crate::error::Error;
 use crate::error::Result;
-use crate::stream::StreamRef;
+use crate::stream::{StreamId, StreamRef};
 
 /// A suballocator marks a stream at most once per this many frees on it, and only if some
 /// stream ran short of its own blocks since the stream's last mark (RMM records an event on
@@ -28,12 +29,12 @@ pub const MARK_EVERY: u32 = 64;
 pub trait StreamOrder: Send + Sync + fmt::Debug {
     /// Captures the work queued so far on `stream`, for later
     /// [`wait_for_mark`](Self::wait_for_mark)s. Called only while the caller uses `stream`.
-    fn mark(&self, stream: StreamRef) -> Result<()>;
+    fn mark(&self, stream: StreamRef<'_>) -> Result<()>;
 
     /// Makes work queued on `waiter` from now on wait for the work `signaller` had queued at its
     /// last [`mark`](Self::mark) (for all of it, if it was never marked). `waiter` is in use by
-    /// the caller; `signaller` may have been destroyed, so it is never passed to the driver.
-    fn wait_for_mark(&self, waiter: StreamRef, signaller: StreamRef) -> Result<()>;
+    /// the caller; `signaller` may have been destroyed, so only its id is given.
+    fn wait_for_mark(&self, waiter: StreamRef<'_>, signaller: StreamId) -> Result<()>;
 
     /// Blocks the calling thread until all work queued so far on every stream of the device is
     /// done, naming no stream.
@@ -41,7 +42,7 @@ pub trait StreamOrder: Send + Sync + fmt::Debug {
 
     /// Blocks the calling thread until the work queued so far on `stream` (in use by the
     /// caller) is done.
-    fn synchronize(&self, stream: StreamRef) -> Result<()>;
+    fn synchronize(&self, stream: StreamRef<'_>) -> Result<()>;
 }
 
 /// Ordering for memory that no device work touches (host memory, simulated streams): there is
@@ -50,16 +51,16 @@ pub trait StreamOrder: Send + Sync + fmt::Debug {
 pub struct HostOrder;
 
 impl StreamOrder for HostOrder {
-    fn mark(&self, _stream: StreamRef) -> Result<()> {
+    fn mark(&self, _stream: StreamRef<'_>) -> Result<()> {
         Ok(())
     }
-    fn wait_for_mark(&self, _waiter: StreamRef, _signaller: StreamRef) -> Result<()> {
+    fn wait_for_mark(&self, _waiter: StreamRef<'_>, _signaller: StreamId) -> Result<()> {
         Ok(())
     }
     fn synchronize_all(&self) -> Result<()> {
         Ok(())
     }
-    fn synchronize(&self, _stream: StreamRef) -> Result<()> {
+    fn synchronize(&self, _stream: StreamRef<'_>) -> Result<()> {
         Ok(())
     }
 }
@@ -75,18 +76,18 @@ pub struct RecordingOrder {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OrderEvent {
     /// `mark(stream)`.
-    Mark(StreamRef),
+    Mark(StreamId),
     /// `wait_for_mark(waiter, signaller)` with distinct streams.
     Wait {
-        /// The stream that waits.
-        waiter: StreamRef,
-        /// The stream whose event it waits on.
-        signaller: StreamRef,
+        /// The stream made to wait.
+        waiter: StreamId,
+        /// The stream whose mark it waits on.
+        signaller: StreamId,
     },
     /// `synchronize_all()`.
     SyncAll,
     /// `synchronize(stream)`.
-    Sync(StreamRef),
+    Sync(StreamId),
 }
 
 impl RecordingOrder {
@@ -112,13 +113,16 @@ impl RecordingOrder {
 }
 
 impl StreamOrder for RecordingOrder {
-    fn mark(&self, stream: StreamRef) -> Result<()> {
-        self.push(OrderEvent::Mark(stream));
+    fn mark(&self, stream: StreamRef<'_>) -> Result<()> {
+        self.push(OrderEvent::Mark(stream.id()));
         Ok(())
     }
-    fn wait_for_mark(&self, waiter: StreamRef, signaller: StreamRef) -> Result<()> {
-        if waiter != signaller {
-            self.push(OrderEvent::Wait { waiter, signaller });
+    fn wait_for_mark(&self, waiter: StreamRef<'_>, signaller: StreamId) -> Result<()> {
+        if waiter.id() != signaller {
+            self.push(OrderEvent::Wait {
+                waiter: waiter.id(),
+                signaller,
+            });
         }
         Ok(())
     }
@@ -126,8 +130,8 @@ impl StreamOrder for RecordingOrder {
         self.push(OrderEvent::SyncAll);
         Ok(())
     }
-    fn synchronize(&self, stream: StreamRef) -> Result<()> {
-        self.push(OrderEvent::Sync(stream));
+    fn synchronize(&self, stream: StreamRef<'_>) -> Result<()> {
+        self.push(OrderEvent::Sync(stream.id()));
         Ok(())
     }
 }
@@ -139,7 +143,7 @@ impl StreamOrder for RecordingOrder {
 #[derive(Debug)]
 pub struct CudaOrder {
     device: Device,
-    events: Mutex<HashMap<StreamRef, Event>>,
+    events: Mutex<HashMap<StreamId, Event>>,
 }
 
 impl CudaOrder {
@@ -153,10 +157,10 @@ impl CudaOrder {
 }
 
 impl StreamOrder for CudaOrder {
-    fn mark(&self, stream: StreamRef) -> Result<()> {
+    fn mark(&self, stream: StreamRef<'_>) -> Result<()> {
         self.device.bind()?;
         let mut events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
-        let event = match events.entry(stream) {
+        let event = match events.entry(stream.id()) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
                 v.insert(Event::new(&self.device, false)?)
@@ -165,8 +169,8 @@ impl StreamOrder for CudaOrder {
         event.record(stream)
     }
 
-    fn wait_for_mark(&self, waiter: StreamRef, signaller: StreamRef) -> Result<()> {
-        if waiter == signaller {
+    fn wait_for_mark(&self, waiter: StreamRef<'_>, signaller: StreamId) -> Result<()> {
+        if waiter.id() == signaller {
             return Ok(());
         }
         self.device.bind()?;
@@ -184,7 +188,7 @@ impl StreamOrder for CudaOrder {
         self.device.synchronize()
     }
 
-    fn synchronize(&self, stream: StreamRef) -> Result<()> {
+    fn synchronize(&self, stream: StreamRef<'_>) -> Result<()> {
         self.device.bind()?;
         // SAFETY: the caller is using `stream`, so `StreamRef`'s contract keeps it valid.
         unsafe { cudarc::driver::result::stream::synchronize(stream.as_raw()) }
@@ -192,31 +196,85 @@ impl StreamOrder for CudaOrder {
     }
 }
 
-/// The ordering a suballocator over `upstream` needs: none for host memory, events for memory
-/// that kernels touch (on the device current on this thread).
+/// The ordering a suballocator over `upstream` needs: none for host memory, events on the
+/// upstream's own device for memory that kernels touch (never the thread's current device).
 pub(crate) fn default_order<R: MemoryResource + ?Sized>(
     upstream: &R,
 ) -> Result<Arc<dyn StreamOrder>> {
-    if upstream.properties().device_accessible {
-        Ok(Arc::new(CudaOrder::new(&Device::current()?)))
-    } else {
-        Ok(Arc::new(HostOrder))
+    match (upstream.properties().device_accessible, upstream.device()) {
+        (true, Some(device)) => Ok(Arc::new(CudaOrder::new(&device))),
+        (true, None) => Err(Error::InvalidArgument(format!(
+            "{upstream:?} gives device-accessible memory but names no device; pass a stream \
+             order explicitly"
+        ))),
+        (false, _) => Ok(Arc::new(HostOrder)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resource::{HostMemoryResource, PoolMemoryResource, PoolOptions, Properties};
+    use std::ptr::NonNull;
+
+    /// Claims device-accessible memory but names no device.
+    #[derive(Debug)]
+    struct Nameless(HostMemoryResource);
+
+    // SAFETY: delegates to host memory.
+    unsafe impl MemoryResource for Nameless {
+        fn allocate(&self, s: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+            self.0.allocate(s, bytes, align)
+        }
+        unsafe fn deallocate(
+            &self,
+            s: StreamRef<'_>,
+            p: NonNull<u8>,
+            bytes: usize,
+            align: usize,
+        ) -> Result<()> {
+            // SAFETY: forwarded caller contract.
+            unsafe { self.0.deallocate(s, p, bytes, align) }
+        }
+        fn properties(&self) -> Properties {
+            Properties::DEVICE
+        }
+        fn device(&self) -> Option<Device> {
+            None
+        }
+    }
+
+    #[test]
+    fn ordering_follows_the_upstreams_device_never_the_current_one() {
+        // Host memory: no device, no ordering.
+        assert!(HostMemoryResource::new().device().is_none());
+        assert!(
+            format!("{:?}", default_order(&HostMemoryResource::new()).unwrap())
+                .contains("HostOrder")
+        );
+        // Device memory with no device to order on is refused, not ordered on whatever
+        // device is current.
+        let err = PoolMemoryResource::new(Nameless(HostMemoryResource::new()), PoolOptions::new(0))
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        // An explicit order is always accepted.
+        let ok = PoolMemoryResource::new(
+            Nameless(HostMemoryResource::new()),
+            PoolOptions::new(0).order(Arc::new(HostOrder)),
+        );
+        assert!(ok.is_ok());
+    }
 
     #[test]
     fn recording_order_logs_marks_cross_stream_waits_and_syncs() {
         let o = RecordingOrder::new();
         let (a, b) = (StreamRef::simulated(1), StreamRef::simulated(2));
         o.mark(b).unwrap();
-        o.wait_for_mark(a, a).unwrap();
-        o.wait_for_mark(a, b).unwrap();
+        o.wait_for_mark(a, a.id()).unwrap();
+        o.wait_for_mark(a, b.id()).unwrap();
         o.synchronize_all().unwrap();
         o.synchronize(b).unwrap();
+        let (a, b) = (a.id(), b.id());
         assert_eq!(
             o.events(),
             vec![

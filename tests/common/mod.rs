@@ -37,7 +37,7 @@ impl ScriptedUpstream {
 
 // SAFETY: delegates to the host resource, which upholds the contract; refusing is always allowed.
 unsafe impl MemoryResource for ScriptedUpstream {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         self.requests.lock().unwrap().push(bytes);
         if bytes > self.limit.load(Ordering::Relaxed) {
             return Err(Error::OutOfMemory {
@@ -50,7 +50,7 @@ unsafe impl MemoryResource for ScriptedUpstream {
     }
     unsafe fn deallocate(
         &self,
-        s: StreamRef,
+        s: StreamRef<'_>,
         p: NonNull<u8>,
         bytes: usize,
         a: usize,
@@ -60,6 +60,9 @@ unsafe impl MemoryResource for ScriptedUpstream {
     }
     fn properties(&self) -> Properties {
         Properties::HOST
+    }
+    fn device(&self) -> Option<carve::Device> {
+        None
     }
 }
 
@@ -77,7 +80,7 @@ pub enum Op {
     },
 }
 
-pub fn stream(i: usize) -> StreamRef {
+pub fn stream(i: usize) -> StreamRef<'static> {
     StreamRef::simulated(1 + i)
 }
 

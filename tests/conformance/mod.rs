@@ -21,7 +21,7 @@ use carve::{MemoryResource, StreamRef};
 /// Where the checks run: the streams they use and how the stream-order check is done.
 pub trait Env: Sync {
     /// Stream `i`, for `i` in `0..STREAMS`. Distinct `i` give distinct streams.
-    fn stream(&self, i: usize) -> StreamRef;
+    fn stream(&self, i: usize) -> StreamRef<'_>;
 
     /// Waits until every stream's queued work is done.
     fn synchronize(&self);

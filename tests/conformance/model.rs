@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::ptr::NonNull;
 
 use carve::resource::OrderEvent;
-use carve::StreamRef;
+use carve::{StreamId, StreamRef};
 
 /// A small deterministic generator (xorshift64*), so runs repeat.
 pub struct Rng(u64);
@@ -131,24 +131,24 @@ impl Live {
 /// [`StreamRef::id`], length of the order log when the free began).
 #[derive(Default)]
 pub struct FreedRanges {
-    ranges: BTreeMap<usize, (usize, usize, usize)>,
+    ranges: BTreeMap<usize, (usize, StreamId, usize)>,
 }
 
 impl FreedRanges {
     /// Records `[start, start + len)` freed on the stream with id `stream` when the log had
     /// `log_len` events.
-    pub fn freed(&mut self, start: usize, len: usize, stream: usize, log_len: usize) {
+    pub fn freed(&mut self, start: usize, len: usize, stream: StreamId, log_len: usize) {
         self.carve(start, start + len);
         self.ranges.insert(start, (start + len, stream, log_len));
     }
 
     /// `[start, start + len)` was just handed out: returns the (stream id, log length) of every
     /// freed range it overlaps, and forgets the overlapped parts.
-    pub fn reused(&mut self, start: usize, len: usize) -> Vec<(usize, usize)> {
+    pub fn reused(&mut self, start: usize, len: usize) -> Vec<(StreamId, usize)> {
         self.carve(start, start + len)
     }
 
-    fn carve(&mut self, start: usize, end: usize) -> Vec<(usize, usize)> {
+    fn carve(&mut self, start: usize, end: usize) -> Vec<(StreamId, usize)> {
         let first = self
             .ranges
             .range(..start)
@@ -180,15 +180,15 @@ impl FreedRanges {
 /// stream `user` ordered after the free: a device-wide synchronisation, a synchronisation of
 /// `freer`, or a mark of `freer` followed by `user` waiting on it. Streams by
 /// [`StreamRef::id`].
-pub fn ordered_after_free(events: &[OrderEvent], freer: usize, user: usize) -> bool {
+pub fn ordered_after_free(events: &[OrderEvent], freer: StreamId, user: StreamId) -> bool {
     let mut marked = false;
     for e in events {
         match e {
             OrderEvent::SyncAll => return true,
-            OrderEvent::Sync(s) if s.id() == freer => return true,
-            OrderEvent::Mark(s) if s.id() == freer => marked = true,
+            OrderEvent::Sync(s) if *s == freer => return true,
+            OrderEvent::Mark(s) if *s == freer => marked = true,
             OrderEvent::Wait { waiter, signaller }
-                if marked && waiter.id() == user && signaller.id() == freer =>
+                if marked && *waiter == user && *signaller == freer =>
             {
                 return true
             }
@@ -214,12 +214,12 @@ fn freed_ranges_split_and_forget_what_is_reused() {
 
 #[test]
 fn a_reuse_is_ordered_only_by_a_sync_or_a_mark_then_a_wait() {
-    let (a, b) = (StreamRef::simulated(1), StreamRef::simulated(2));
+    let (a, b) = (StreamRef::simulated(1).id(), StreamRef::simulated(2).id());
     let wait = OrderEvent::Wait {
         waiter: b,
         signaller: a,
     };
-    let (ia, ib) = (a.id(), b.id());
+    let (ia, ib) = (a, b);
     let ordered = |events: &[OrderEvent]| ordered_after_free(events, ia, ib);
     assert!(!ordered(&[]));
     assert!(!ordered(&[wait]), "a wait on an old mark");

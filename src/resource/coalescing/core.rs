@@ -25,7 +25,7 @@ use super::live::{LiveIndex, NodeAddr};
 use super::tlsf::{FreeLinks, Tlsf, NIL};
 use crate::error::{Error, Result};
 use crate::resource::{align_up, DEFAULT_ALIGNMENT};
-use crate::stream::StreamRef;
+use crate::stream::{StreamId, StreamRef};
 
 use super::super::stream_order::MARK_EVERY;
 use super::super::StreamOrder;
@@ -86,7 +86,7 @@ impl FreeLinks for Vec<Node> {
 /// A stream's two bins: fresh is `2 * tag + 1`, sealed `2 * tag + 2`.
 #[derive(Clone, Copy, Debug)]
 struct Tag {
-    stream: StreamRef,
+    stream: StreamId,
     frees_since_mark: u32,
     /// `PoolCore::demand` at this stream's last mark.
     demand_seen: u64,
@@ -110,7 +110,6 @@ fn tag_of_bin(bin: u32) -> Option<usize> {
 pub(crate) struct EmptyChunk {
     pub base: usize,
     pub size: usize,
-    pub stream: StreamRef,
 }
 
 /// What a free did beyond freeing.
@@ -186,6 +185,13 @@ impl PoolCore {
             .unwrap_or(0)
             * GRAIN
     }
+    /// The requested size of live block `ptr`, if it is one.
+    pub fn live_size(&self, ptr: usize) -> Option<usize> {
+        self.live
+            .get(&self.nodes, ptr)
+            .map(|n| self.nodes[n as usize].requested())
+    }
+
     /// True when `ptr` is a live block of this core.
     pub fn owns(&self, ptr: usize) -> bool {
         self.live.get(&self.nodes, ptr).is_some()
@@ -193,7 +199,7 @@ impl PoolCore {
 
     /// Adds an upstream chunk (GRAIN-aligned base and size): fresh on `stream`, or free to any
     /// stream with `None` (its allocation is known complete).
-    pub fn add_chunk(&mut self, base: usize, size: usize, stream: Option<StreamRef>) {
+    pub fn add_chunk(&mut self, base: usize, size: usize, stream: Option<StreamId>) {
         debug_assert!(base % GRAIN == 0 && size % GRAIN == 0 && size > 0);
         let n = self.new_node(base, size, (NIL, NIL));
         self.chunks.insert(base, (size, n));
@@ -284,7 +290,7 @@ impl PoolCore {
     }
 
     /// Best fit among the blocks `stream` may take without waiting (its own and *any*).
-    pub fn take(&mut self, stream: StreamRef, bytes: usize, align: usize) -> Option<NonNull<u8>> {
+    pub fn take(&mut self, stream: StreamId, bytes: usize, align: usize) -> Option<NonNull<u8>> {
         let (size, search) = footprint(bytes, align)?;
         let t = self.tag(stream);
         let node = self.fit(&[fresh_bin(t), sealed_bin(t), ANY], search / GRAIN)?;
@@ -294,10 +300,10 @@ impl PoolCore {
     /// The best fit among other streams' sealed blocks: (that stream, the block).
     pub fn sealed_fit_elsewhere(
         &mut self,
-        stream: StreamRef,
+        stream: StreamId,
         bytes: usize,
         align: usize,
-    ) -> Option<(StreamRef, u32)> {
+    ) -> Option<(StreamId, u32)> {
         let (_, search) = footprint(bytes, align)?;
         let bins: Vec<u32> = (0..self.tags.len())
             .filter(|&t| {
@@ -312,14 +318,14 @@ impl PoolCore {
 
     /// Hands another stream's free block to `stream`, coalescing (the caller has ordered
     /// `stream` after the block's last use).
-    pub fn adopt(&mut self, node: u32, stream: StreamRef) {
+    pub fn adopt(&mut self, node: u32, stream: StreamId) {
         let t = self.tag(stream);
         self.unfile(node);
         self.coalesce_into(node, fresh_bin(t));
     }
 
     /// True when streams other than `stream` hold free blocks.
-    pub fn others_hold_free(&self, stream: StreamRef) -> bool {
+    pub fn others_hold_free(&self, stream: StreamId) -> bool {
         self.tags.iter().enumerate().any(|(t, tag)| {
             tag.stream != stream
                 && !(self.bins[fresh_bin(t) as usize].is_empty()
@@ -342,7 +348,7 @@ impl PoolCore {
     }
 
     /// After a mark on `stream`: its fresh blocks become sealed.
-    pub fn seal(&mut self, stream: StreamRef) {
+    pub fn seal(&mut self, stream: StreamId) {
         let t = self.tag(stream);
         let (fresh, sealed) = (fresh_bin(t), sealed_bin(t));
         while let Some(n) = self.bins[fresh as usize].find(1) {
@@ -362,7 +368,7 @@ impl PoolCore {
     pub fn free(
         &mut self,
         name: &'static str,
-        stream: StreamRef,
+        stream: StreamId,
         ptr: usize,
         bytes: usize,
     ) -> Result<Freed> {
@@ -396,7 +402,6 @@ impl PoolCore {
             empty: (node.phys == (NIL, NIL)).then_some(EmptyChunk {
                 base: node.addr,
                 size: node.size,
-                stream,
             }),
             mark_due,
         })
@@ -404,7 +409,7 @@ impl PoolCore {
 
     /// The tag of `stream`, made on first use (reusing an idle one once there are many).
     #[inline]
-    fn tag(&mut self, stream: StreamRef) -> usize {
+    fn tag(&mut self, stream: StreamId) -> usize {
         if self
             .tags
             .get(self.last_tag)
@@ -421,7 +426,7 @@ impl PoolCore {
     }
 
     #[cold]
-    fn new_tag(&mut self, stream: StreamRef) -> usize {
+    fn new_tag(&mut self, stream: StreamId) -> usize {
         let tag = Tag {
             stream,
             frees_since_mark: 0,
@@ -601,11 +606,11 @@ impl PoolCore {
     /// (A walk of the chunk: only on this error path.)
     #[cold]
     fn classify(&self, name: &'static str, ptr: usize) -> Error {
-        let mut at = self
-            .chunks
-            .range(..=ptr)
-            .next_back()
-            .map_or(NIL, |(_, &(_, head))| head);
+        let mut at = match self.chunks.range(..=ptr).next_back() {
+            // Only a pointer inside one of our chunks needs the walk.
+            Some((&base, &(size, head))) if ptr < base + size => head,
+            _ => NIL,
+        };
         while at != NIL {
             let n = &self.nodes[at as usize];
             if ptr < n.addr + n.size {
@@ -727,52 +732,72 @@ impl PoolCore {
     }
 }
 
+/// How far [`allocate_from`] may go for memory that other streams freed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reach {
+    /// Only blocks reachable with one event wait.
+    Events,
+    /// Also every free block, after one device-wide synchronisation.
+    Synchronize,
+}
+
 /// Finds a block for a checked request in `core` without growing it: the stream's own and
 /// *any* blocks first; then the best-fitting sealed block of another stream (one wait on that
-/// stream's last mark); then, if free memory could serve the request, every free block merged
-/// after one device-wide synchronisation, so fragmentation across streams never forces growth.
-/// No stream but `stream` is named to `order`'s driver calls.
+/// stream's last mark); then, with [`Reach::Synchronize`] and if free memory could serve the
+/// request, every free block merged after one device-wide synchronisation, so fragmentation
+/// across streams never forces growth. No stream but `stream` is named to `order`'s driver
+/// calls.
 pub(crate) fn allocate_from(
     core: &mut PoolCore,
     order: &dyn StreamOrder,
-    stream: StreamRef,
+    stream: StreamRef<'_>,
     bytes: usize,
     align: usize,
+    reach: Reach,
 ) -> Result<Option<NonNull<u8>>> {
-    if let Some(p) = core.take(stream, bytes, align) {
+    let id = stream.id();
+    if let Some(p) = core.take(id, bytes, align) {
         return Ok(Some(p));
     }
-    core.note_demand();
-    if let Some((victim, node)) = core.sealed_fit_elsewhere(stream, bytes, align) {
+    // Marks are worth their driver call only while other streams' blocks could help.
+    if core.others_hold_free(id) {
+        core.note_demand();
+    }
+    if let Some((victim, node)) = core.sealed_fit_elsewhere(id, bytes, align) {
         order.wait_for_mark(stream, victim)?;
-        core.adopt(node, stream);
-        if let Some(p) = core.take(stream, bytes, align) {
+        core.adopt(node, id);
+        if let Some(p) = core.take(id, bytes, align) {
             return Ok(Some(p));
         }
     }
     let needed = footprint(bytes, align).map_or(usize::MAX, |f| f.1);
-    if core.others_hold_free(stream) && core.pool_size() - core.in_use() >= needed {
+    if reach == Reach::Synchronize
+        && core.others_hold_free(id)
+        && core.pool_size() - core.in_use() >= needed
+    {
         order.synchronize_all()?;
         core.merge_all();
-        return Ok(core.take(stream, bytes, align));
+        return Ok(core.take(id, bytes, align));
     }
     Ok(None)
 }
 
-/// Frees a block into `core`, sealing `stream`'s fresh blocks when a mark is due.
+/// Frees a block into `core`, sealing `stream`'s fresh blocks when a mark is due (or at once
+/// with `mark_now`, for a block whose core other streams allocate from).
 pub(crate) fn free_into(
     core: &mut PoolCore,
     order: &dyn StreamOrder,
     name: &'static str,
-    stream: StreamRef,
+    stream: StreamRef<'_>,
     ptr: usize,
     bytes: usize,
+    mark_now: bool,
 ) -> Result<Option<EmptyChunk>> {
-    let freed = core.free(name, stream, ptr, bytes)?;
+    let freed = core.free(name, stream.id(), ptr, bytes)?;
     // A failed mark only keeps the fresh blocks private to `stream` (others reach them after a
     // device-wide synchronisation), and the free itself is done: nothing to report.
-    if freed.mark_due && order.mark(stream).is_ok() {
-        core.seal(stream);
+    if (freed.mark_due || mark_now) && order.mark(stream).is_ok() {
+        core.seal(stream.id());
     }
     Ok(freed.empty)
 }
@@ -781,27 +806,30 @@ pub(crate) fn free_into(
 mod tests {
     use super::*;
     use crate::resource::{HostOrder, OrderEvent, RecordingOrder};
+    use crate::stream::StreamRef;
 
-    const A: StreamRef = StreamRef::simulated(1);
-    const B: StreamRef = StreamRef::simulated(2);
+    const A: StreamRef<'static> = StreamRef::simulated(1);
+    const B: StreamRef<'static> = StreamRef::simulated(2);
 
     fn core_with(size: usize) -> PoolCore {
         let mut c = PoolCore::default();
-        c.add_chunk(1 << 20, size, Some(A));
+        c.add_chunk(1 << 20, size, Some(A.id()));
         c
     }
 
     #[test]
     fn splits_and_coalesces_back_to_one_block() {
         let mut c = core_with(4096);
-        let p: Vec<_> = (0..4).map(|_| c.take(A, 1000, GRAIN).unwrap()).collect();
+        let p: Vec<_> = (0..4)
+            .map(|_| c.take(A.id(), 1000, GRAIN).unwrap())
+            .collect();
         assert_eq!(c.in_use(), 4096);
-        assert!(c.take(A, 1, GRAIN).is_none());
+        assert!(c.take(A.id(), 1, GRAIN).is_none());
         for i in [1, 3, 0] {
-            c.free("t", A, p[i].as_ptr() as usize, 1000).unwrap();
+            c.free("t", A.id(), p[i].as_ptr() as usize, 1000).unwrap();
             c.check_invariants().unwrap();
         }
-        let last = c.free("t", A, p[2].as_ptr() as usize, 1000).unwrap();
+        let last = c.free("t", A.id(), p[2].as_ptr() as usize, 1000).unwrap();
         assert_eq!(last.empty.map(|e| e.size), Some(4096));
         assert_eq!(c.largest_free(), 4096);
         assert!(c.remove_chunk(1 << 20));
@@ -812,27 +840,27 @@ mod tests {
     #[test]
     fn honours_large_alignment_and_keeps_the_padding() {
         let mut c = core_with(16 * GRAIN);
-        let small = c.take(A, 1, GRAIN).unwrap();
-        let big = c.take(A, 100, 2048).unwrap();
+        let small = c.take(A.id(), 1, GRAIN).unwrap();
+        let big = c.take(A.id(), 100, 2048).unwrap();
         assert_eq!(big.as_ptr() as usize % 2048, 0);
         c.check_invariants().unwrap();
-        c.free("t", A, big.as_ptr() as usize, 100).unwrap();
-        c.free("t", A, small.as_ptr() as usize, 1).unwrap();
+        c.free("t", A.id(), big.as_ptr() as usize, 100).unwrap();
+        c.free("t", A.id(), small.as_ptr() as usize, 1).unwrap();
         assert_eq!(c.largest_free(), 16 * GRAIN);
     }
 
     #[test]
     fn other_streams_blocks_are_merged_only_through_the_order() {
         let mut c = core_with(2 * GRAIN);
-        let x = c.take(A, GRAIN, GRAIN).unwrap();
-        let y = c.take(A, GRAIN, GRAIN).unwrap();
-        c.free("t", A, x.as_ptr() as usize, GRAIN).unwrap();
-        c.free("t", B, y.as_ptr() as usize, GRAIN).unwrap();
+        let x = c.take(A.id(), GRAIN, GRAIN).unwrap();
+        let y = c.take(A.id(), GRAIN, GRAIN).unwrap();
+        c.free("t", A.id(), x.as_ptr() as usize, GRAIN).unwrap();
+        c.free("t", B.id(), y.as_ptr() as usize, GRAIN).unwrap();
         c.check_invariants().unwrap();
         let s = StreamRef::simulated(3);
-        assert!(c.take(s, 2 * GRAIN, GRAIN).is_none());
+        assert!(c.take(s.id(), 2 * GRAIN, GRAIN).is_none());
         let order = RecordingOrder::new();
-        let p = allocate_from(&mut c, &order, s, 2 * GRAIN, GRAIN).unwrap();
+        let p = allocate_from(&mut c, &order, s, 2 * GRAIN, GRAIN, Reach::Synchronize).unwrap();
         assert!(p.is_some());
         assert_eq!(order.events(), vec![OrderEvent::SyncAll]);
         c.check_invariants().unwrap();
@@ -842,28 +870,28 @@ mod tests {
     fn sealed_blocks_cross_streams_with_one_wait_and_fresh_ones_never_do() {
         let mut c = core_with(4 * GRAIN);
         let order = RecordingOrder::new();
-        let x = c.take(A, GRAIN, GRAIN).unwrap();
-        let _keep = c.take(A, GRAIN, GRAIN).unwrap();
-        free_into(&mut c, &order, "t", A, x.as_ptr() as usize, GRAIN).unwrap();
+        let x = c.take(A.id(), GRAIN, GRAIN).unwrap();
+        let _keep = c.take(A.id(), GRAIN, GRAIN).unwrap();
+        free_into(&mut c, &order, "t", A, x.as_ptr() as usize, GRAIN, false).unwrap();
         // Fresh on A: B may not wait on A's (older) mark for it.
-        assert!(c.sealed_fit_elsewhere(B, GRAIN, GRAIN).is_none());
+        assert!(c.sealed_fit_elsewhere(B.id(), GRAIN, GRAIN).is_none());
         order.mark(A).unwrap();
-        c.seal(A);
-        let p = allocate_from(&mut c, &order, B, GRAIN, GRAIN)
+        c.seal(A.id());
+        let p = allocate_from(&mut c, &order, B, GRAIN, GRAIN, Reach::Synchronize)
             .unwrap()
             .unwrap();
         assert_eq!(
             order.events(),
             vec![
-                OrderEvent::Mark(A),
+                OrderEvent::Mark(A.id()),
                 OrderEvent::Wait {
-                    waiter: B,
-                    signaller: A
+                    waiter: B.id(),
+                    signaller: A.id()
                 }
             ]
         );
         c.check_invariants().unwrap();
-        c.free("t", B, p.as_ptr() as usize, GRAIN).unwrap();
+        c.free("t", B.id(), p.as_ptr() as usize, GRAIN).unwrap();
         c.check_invariants().unwrap();
     }
 
@@ -873,14 +901,14 @@ mod tests {
         let order = RecordingOrder::new();
         let cycle = |c: &mut PoolCore| {
             for _ in 0..MARK_EVERY {
-                let p = c.take(A, 300, GRAIN).unwrap();
-                free_into(c, &order, "t", A, p.as_ptr() as usize, 300).unwrap();
+                let p = c.take(A.id(), 300, GRAIN).unwrap();
+                free_into(c, &order, "t", A, p.as_ptr() as usize, 300, false).unwrap();
             }
         };
         cycle(&mut c);
         assert_eq!(order.events(), vec![], "no stream wants A's blocks");
         // B runs short (A's blocks are fresh: reaching them takes a synchronisation).
-        let p = allocate_from(&mut c, &order, B, 300, GRAIN)
+        let p = allocate_from(&mut c, &order, B, 300, GRAIN, Reach::Synchronize)
             .unwrap()
             .unwrap();
         assert_eq!(order.events(), vec![OrderEvent::SyncAll]);
@@ -888,28 +916,28 @@ mod tests {
         cycle(&mut c);
         assert_eq!(
             order.events(),
-            vec![OrderEvent::SyncAll, OrderEvent::Mark(A)],
+            vec![OrderEvent::SyncAll, OrderEvent::Mark(A.id())],
             "one mark per shortage"
         );
-        c.free("t", B, p.as_ptr() as usize, 300).unwrap();
+        c.free("t", B.id(), p.as_ptr() as usize, 300).unwrap();
         c.check_invariants().unwrap();
     }
 
     #[test]
     fn refuses_foreign_pointers_and_double_frees() {
         let mut c = core_with(4 * GRAIN);
-        let p = c.take(A, 10, GRAIN).unwrap().as_ptr() as usize;
+        let p = c.take(A.id(), 10, GRAIN).unwrap().as_ptr() as usize;
         assert!(matches!(
-            c.free("t", A, 0x10, 10),
+            c.free("t", A.id(), 0x10, 10),
             Err(Error::UnknownPointer { .. })
         ));
         assert!(matches!(
-            c.free("t", A, p, 11),
+            c.free("t", A.id(), p, 11),
             Err(Error::SizeMismatch { .. })
         ));
-        c.free("t", A, p, 10).unwrap();
+        c.free("t", A.id(), p, 10).unwrap();
         assert!(matches!(
-            c.free("t", A, p, 10),
+            c.free("t", A.id(), p, 10),
             Err(Error::DoubleFree { .. })
         ));
         c.check_invariants().unwrap();
@@ -932,7 +960,10 @@ mod tests {
                 if rng.random_bool(0.6) {
                     let bytes = rng.random_range(1..8 * GRAIN);
                     let align = GRAIN << rng.random_range(0..3);
-                    if let Some(p) = allocate_from(&mut c, &HostOrder, s, bytes, align).unwrap() {
+                    if let Some(p) =
+                        allocate_from(&mut c, &HostOrder, s, bytes, align, Reach::Synchronize)
+                            .unwrap()
+                    {
                         let a = p.as_ptr() as usize;
                         assert_eq!(a % align, 0);
                         let end = a + bytes;
@@ -941,7 +972,7 @@ mod tests {
                     }
                 } else if !live.is_empty() {
                     let (p, bytes, _) = live.swap_remove(rng.random_range(0..live.len()));
-                    free_into(&mut c, &HostOrder, "t", s, p, bytes).unwrap();
+                    free_into(&mut c, &HostOrder, "t", s, p, bytes, false).unwrap();
                 }
                 c.check_invariants().unwrap();
             }

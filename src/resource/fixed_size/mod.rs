@@ -28,7 +28,7 @@ use self::stack::{chain_tail, Links, TaggedStack, NIL};
 use super::stream_order::{default_order, MARK_EVERY};
 use super::{align_up, check_request, MemoryResource, Properties, StreamOrder, DEFAULT_ALIGNMENT};
 use crate::error::{Error, Result};
-use crate::stream::StreamRef;
+use crate::stream::{StreamId, StreamRef};
 use crate::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -191,8 +191,8 @@ impl<R: MemoryResource> Inner<R> {
     /// The stream's slot, claimed on first use: open addressing from a hash of the stream, so
     /// finding it costs about one probe however many streams there are. Keys are never cleared,
     /// so a probe that meets an unclaimed slot knows the stream has none before it.
-    fn slot_of(&self, stream: StreamRef) -> Option<&Slot> {
-        let key = stream.id().wrapping_add(1);
+    fn slot_of(&self, stream: StreamRef<'_>) -> Option<&Slot> {
+        let key = stream.id().get().wrapping_add(1);
         let n = self.keys.len();
         let start = ((key as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % n;
         for i in (start..n).chain(0..start) {
@@ -212,11 +212,9 @@ impl<R: MemoryResource> Inner<R> {
     }
 
     /// The stream a claimed slot belongs to.
-    fn stream_of(&self, slot: usize) -> StreamRef {
+    fn stream_of(&self, slot: usize) -> StreamId {
         let key = self.keys[slot].load(Ordering::Acquire);
-        // SAFETY: `key - 1` is the id of a `StreamRef` a caller passed us. It is used only as a
-        // key (`wait_for_mark` never hands the signaller to the driver).
-        unsafe { StreamRef::from_raw(key.wrapping_sub(1) as _) }
+        StreamId::from_usize(key.wrapping_sub(1))
     }
 
     fn address(&self, index: u32) -> usize {
@@ -231,7 +229,7 @@ impl<R: MemoryResource> Inner<R> {
     }
 
     /// A free block for `stream`, ordered after any other stream it came from.
-    fn pop_for(&self, stream: StreamRef) -> Result<u32> {
+    fn pop_for(&self, stream: StreamRef<'_>) -> Result<u32> {
         let slot = self.slot_of(stream);
         loop {
             let epoch = self.seal_epoch.load(Ordering::Acquire);
@@ -268,7 +266,7 @@ impl<R: MemoryResource> Inner<R> {
 
     /// Takes another stream's whole sealed stack: detach first, then wait on that stream's last
     /// mark, which was recorded after every block in the chain was sealed.
-    fn steal(&self, stream: StreamRef, mine: &Slot) -> Result<Option<u32>> {
+    fn steal(&self, stream: StreamRef<'_>, mine: &Slot) -> Result<Option<u32>> {
         for (i, other) in self.slots.iter().enumerate() {
             if std::ptr::eq(other, mine) || other.sealed.is_empty() {
                 continue;
@@ -313,7 +311,7 @@ impl<R: MemoryResource> Inner<R> {
 
     /// Records a free on `slot`; every `FREES_PER_MARK` frees, marks the stream and seals its
     /// fresh blocks (detached before the mark, so the mark covers them all).
-    fn push_free(&self, stream: StreamRef, slot: &Slot, index: u32) {
+    fn push_free(&self, stream: StreamRef<'_>, slot: &Slot, index: u32) {
         slot.fresh.push(self, index);
         let n = slot.frees.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
         if n % FREES_PER_MARK != 0 {
@@ -335,7 +333,7 @@ impl<R: MemoryResource> Inner<R> {
         self.seal_epoch.fetch_add(1, Ordering::AcqRel);
     }
 
-    fn refill(&self, stream: StreamRef, slot: Option<&Slot>) -> Result<u32> {
+    fn refill(&self, stream: StreamRef<'_>, slot: Option<&Slot>) -> Result<u32> {
         let _guard = self.refill.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(i) = slot.and_then(|s| s.fresh.pop(self)) {
             return Ok(i);
@@ -526,7 +524,7 @@ impl<R: MemoryResource> FixedSizeMemoryResource<R> {
 // a stack, which holds each index at most once (checked by `check_invariants`, loom models), and
 // crosses streams only after a wait on the freeing stream's mark or a device-wide sync.
 unsafe impl<R: MemoryResource> MemoryResource for FixedSizeMemoryResource<R> {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, 1)?;
         let inner = &*self.inner;
         if bytes > inner.block_size {
@@ -548,7 +546,7 @@ unsafe impl<R: MemoryResource> MemoryResource for FixedSizeMemoryResource<R> {
 
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         _align: usize,
@@ -599,6 +597,9 @@ unsafe impl<R: MemoryResource> MemoryResource for FixedSizeMemoryResource<R> {
 
     fn properties(&self) -> Properties {
         self.inner.upstream.properties()
+    }
+    fn device(&self) -> Option<crate::driver::Device> {
+        self.inner.upstream.device()
     }
 }
 

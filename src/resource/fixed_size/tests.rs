@@ -12,7 +12,7 @@ fn resource() -> FixedSizeMemoryResource<HostMemoryResource> {
     FixedSizeMemoryResource::new(HostMemoryResource::new(), opts).unwrap()
 }
 
-fn slot_addr(mr: &FixedSizeMemoryResource<HostMemoryResource>, s: StreamRef) -> Option<usize> {
+fn slot_addr(mr: &FixedSizeMemoryResource<HostMemoryResource>, s: StreamRef<'_>) -> Option<usize> {
     mr.inner.slot_of(s).map(|slot| slot as *const _ as usize)
 }
 
@@ -66,7 +66,7 @@ fn threads_claiming_the_same_streams_agree_on_their_slots() {
 fn streams_beyond_the_slots_still_allocate_and_free() {
     let mr = resource();
     let streams: Vec<_> = (1..=STREAM_SLOTS + 6).map(StreamRef::simulated).collect();
-    let blocks: Vec<(StreamRef, NonNull<u8>)> = streams
+    let blocks: Vec<(StreamRef<'_>, NonNull<u8>)> = streams
         .iter()
         .map(|&s| (s, mr.allocate(s, 200, 256).unwrap()))
         .collect();

@@ -244,7 +244,7 @@ pub(crate) fn prefetch_raw(
     ptr: u64,
     len: usize,
     location: Location,
-    stream: StreamRef,
+    stream: StreamRef<'_>,
 ) -> Result<()> {
     let location = location.validate()?;
     require_symbol("cuMemPrefetchAsync_v2")?;

@@ -1,24 +1,41 @@
-//! [`PoolMemoryResource`]: a coalescing, stream-ordered suballocator in RMM's pool role.
+//! [`PoolMemoryResource`]: a coalescing, stream-ordered suballocator in RMM's pool role, that
+//! scales with threads.
 //!
 //! Unlike RMM's pool, free blocks are indexed in O(1) size classes and coalesce through
 //! neighbour links (so it does not collapse with many live blocks), a free records no event
-//! (a stream is marked once per [`MARK_EVERY`](super::MARK_EVERY) frees), free blocks of
-//! all streams are merged before the pool grows, and
+//! (a stream is marked once per [`MARK_EVERY`](super::MARK_EVERY) frees), and
 //! [`release`](PoolMemoryResource::release) returns empty chunks.
+//!
+//! **Shards.** Streams are spread over *shards* (round-robin on first use, see [`shards`]),
+//! each a `PoolCore` (the coalescing engine) behind its own lock, so threads on different streams never share
+//! a lock. Shards carve *slabs* they take from the *global* core, which holds the upstream
+//! chunks; its lock is taken only when a shard needs a slab (a shard doubles each time, as the
+//! pool does, so that is rare). A block freed on a stream of another shard goes back to the shard that carved it, tagged with
+//! the freeing stream and sealed by an event recorded at once, so the owning shard's streams
+//! take it after one `cuStreamWaitEvent`. The whole device is synchronised only as a last
+//! resort before reporting out-of-memory (and in [`release`](PoolMemoryResource::release) and
+//! on drop): then every shard's free memory goes back to the global core.
 //!
 //! **Stream lifetime.** The pool names a stream to the driver only inside a call on that
 //! stream (see the coalescing engine, `resource::coalescing`), so streams may be destroyed while blocks freed on them sit in the
 //! pool. (A new stream that the driver gives a destroyed one's handle is taken for it.)
 
+mod shards;
+
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::coalescing::core::{allocate_from, footprint, free_into, PoolCore, GRAIN};
+use self::shards::ShardMap;
+use super::coalescing::core::{allocate_from, footprint, free_into, PoolCore, Reach, GRAIN};
 use super::stream_order::default_order;
 use super::{align_up, check_request, MemoryResource, Properties, StreamOrder};
+use crate::driver::Device;
 use crate::error::{Error, Result};
-use crate::stream::StreamRef;
+use crate::stream::{StreamId, StreamRef};
+
+/// The smallest slab a shard takes from the global core.
+const MIN_SLAB: usize = 256 << 10;
 
 const NAME: &str = "PoolMemoryResource";
 
@@ -29,9 +46,12 @@ pub struct PoolOptions {
     pub initial_size: usize,
     /// Upper bound on the pool's total size; `None` for no bound.
     pub maximum_size: Option<usize>,
-    /// How streams are ordered; `None` picks events for device-accessible upstreams and nothing
-    /// for host memory.
+    /// How streams are ordered; `None` picks events on the upstream's device for
+    /// device-accessible upstreams and nothing for host memory.
     pub order: Option<Arc<dyn StreamOrder>>,
+    /// Shards (independent free lists, each behind its own lock) that streams are spread over;
+    /// 0: twice the available parallelism, at least 8.
+    pub shards: usize,
 }
 
 impl PoolOptions {
@@ -52,6 +72,11 @@ impl PoolOptions {
         self.order = Some(order);
         self
     }
+    /// Spreads streams over `n` shards (1: one lock for all streams).
+    pub fn shards(mut self, n: usize) -> Self {
+        self.shards = n;
+        self
+    }
 }
 
 impl fmt::Debug for PoolOptions {
@@ -60,6 +85,7 @@ impl fmt::Debug for PoolOptions {
             .field("initial_size", &self.initial_size)
             .field("maximum_size", &self.maximum_size)
             .field("order", &self.order)
+            .field("shards", &self.shards)
             .finish()
     }
 }
@@ -82,6 +108,8 @@ pub struct PoolStats {
     pub live_blocks: usize,
     /// Upstream chunks held.
     pub chunks: usize,
+    /// Slabs that shards hold from the global core.
+    pub slabs: usize,
 }
 
 /// A coalescing pool over any upstream `R`. Cheap to clone (clones share the pool).
@@ -89,11 +117,33 @@ pub struct PoolMemoryResource<R: MemoryResource> {
     inner: Arc<Inner<R>>,
 }
 
+/// What the global core gave a shard.
+enum Slab {
+    /// A slab: base and size.
+    Got(usize, usize),
+    /// None: the upstream is exhausted, so every shard's free memory was merged (after a
+    /// device-wide synchronisation) and the request did not fit in the global core; it may
+    /// still fit in some shard's free memory.
+    Gathered(Error),
+}
+
+/// One shard's free lists, on its own cache lines.
+#[repr(align(128))]
+struct Shard {
+    core: Mutex<PoolCore>,
+}
+
 struct Inner<R: MemoryResource> {
     upstream: R,
     maximum: Option<usize>,
     order: Arc<dyn StreamOrder>,
-    core: Mutex<PoolCore>,
+    /// Upstream chunks; each shard's slabs are live blocks here. Locked only to hand out slabs
+    /// (and to take them back when gathering). Lock order: global before shards; no thread
+    /// waits for the global lock while holding a shard's, and only `gather` holds several
+    /// shards (all of them, in index order).
+    global: Mutex<PoolCore>,
+    shards: Box<[Shard]>,
+    map: ShardMap,
 }
 
 impl<R: MemoryResource> Clone for PoolMemoryResource<R> {
@@ -102,6 +152,16 @@ impl<R: MemoryResource> Clone for PoolMemoryResource<R> {
             inner: self.inner.clone(),
         }
     }
+}
+
+/// Every mutation of a core completes before it can panic (no upstream call or user code runs
+/// mid-update), so a poisoned lock still guards a consistent core.
+fn lock(m: &Mutex<PoolCore>) -> MutexGuard<'_, PoolCore> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn non_null(addr: usize) -> NonNull<u8> {
+    NonNull::new(addr as *mut u8).expect("chunk and slab bases are non-null")
 }
 
 impl<R: MemoryResource> PoolMemoryResource<R> {
@@ -123,12 +183,22 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
                 )));
             }
         }
+        let shards = match options.shards {
+            0 => (2 * std::thread::available_parallelism().map_or(4, |n| n.get())).max(8),
+            n => n,
+        };
         let pool = PoolMemoryResource {
             inner: Arc::new(Inner {
                 upstream,
                 maximum: options.maximum_size,
                 order,
-                core: Mutex::new(PoolCore::default()),
+                global: Mutex::new(PoolCore::default()),
+                shards: (0..shards)
+                    .map(|_| Shard {
+                        core: Mutex::new(PoolCore::default()),
+                    })
+                    .collect(),
+                map: ShardMap::new(shards),
             }),
         };
         if initial > 0 {
@@ -136,12 +206,12 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
                 .inner
                 .upstream
                 .allocate(StreamRef::DEFAULT, initial, GRAIN)?;
-            pool.lock()
-                .add_chunk(base.as_ptr() as usize, initial, Some(StreamRef::DEFAULT));
+            let mut global = lock(&pool.inner.global);
+            global.add_chunk(base.as_ptr() as usize, initial, Some(StreamId::DEFAULT));
             // Once the allocation is known complete, every stream may take the chunk. (On
             // failure, dropping the pool returns it.)
             pool.inner.order.synchronize_all()?;
-            pool.lock().merge_all();
+            global.merge_all();
         }
         Ok(pool)
     }
@@ -153,12 +223,21 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
 
     /// Size, use and fragmentation now.
     pub fn stats(&self) -> PoolStats {
-        let mut core = self.lock();
-        let free = core.pool_size() - core.in_use();
-        let largest = core.largest_free();
+        let mut global = lock(&self.inner.global);
+        let (mut in_use, mut live, mut slabs) = (0, 0, 0);
+        let mut largest = global.largest_free();
+        for shard in self.inner.shards.iter() {
+            let mut core = lock(&shard.core);
+            in_use += core.in_use();
+            live += core.live_count();
+            slabs += core.chunk_count();
+            largest = largest.max(core.largest_free());
+        }
+        let pool_size = global.pool_size();
+        let free = pool_size - in_use;
         PoolStats {
-            pool_size: core.pool_size(),
-            bytes_in_use: core.in_use(),
+            pool_size,
+            bytes_in_use: in_use,
             free_bytes: free,
             largest_free_block: largest,
             fragmentation: if free == 0 {
@@ -166,70 +245,154 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
             } else {
                 1.0 - largest as f64 / free as f64
             },
-            live_blocks: core.live_count(),
-            chunks: core.chunk_count(),
+            live_blocks: live,
+            chunks: global.chunk_count(),
+            slabs,
         }
     }
 
     /// Returns every upstream chunk with no live block to the upstream, after waiting for all
     /// work on the device (so no stream handle is needed). Returns the bytes released.
     pub fn release(&self) -> Result<usize> {
-        let mut core = self.lock();
-        // Free blocks of different streams never coalesce; after the synchronisation they are
-        // all free to any stream, and merge, so an empty chunk is one block.
-        self.inner.order.synchronize_all()?;
-        core.merge_all();
+        let mut global = lock(&self.inner.global);
+        self.gather(&mut global)?;
         let mut released = 0;
-        for (base, size) in core.empty_chunks() {
-            core.remove_chunk(base);
-            let ptr = NonNull::new(base as *mut u8).expect("chunk bases are non-null");
+        for (base, size) in global.empty_chunks() {
+            global.remove_chunk(base);
             // SAFETY: the chunk came from the upstream with this size and GRAIN alignment, and
             // has just left our index, so it is returned exactly once. All work is done.
             unsafe {
                 self.inner
                     .upstream
-                    .deallocate(StreamRef::DEFAULT, ptr, size, GRAIN)?
+                    .deallocate(StreamRef::DEFAULT, non_null(base), size, GRAIN)?
             };
             released += size;
         }
         Ok(released)
     }
 
-    /// Checks the pool's internal invariants (tiling, coalescing, indexes, counters).
+    /// Checks the pool's internal invariants: each core's (tiling, coalescing, indexes,
+    /// counters), and that the shards' slabs are exactly the global core's live blocks.
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        self.lock().check_invariants()
+        let mut global = lock(&self.inner.global);
+        global
+            .check_invariants()
+            .map_err(|e| format!("global: {e}"))?;
+        let (mut slab_bytes, mut slabs) = (0, 0);
+        for (i, shard) in self.inner.shards.iter().enumerate() {
+            let mut core = lock(&shard.core);
+            core.check_invariants()
+                .map_err(|e| format!("shard {i}: {e}"))?;
+            for (base, size) in core.chunks() {
+                if global.live_size(base) != Some(size) {
+                    return Err(format!(
+                        "shard {i} holds slab {base:#x}+{size} that the global core did not hand out"
+                    ));
+                }
+                slab_bytes += size;
+                slabs += 1;
+            }
+        }
+        if slab_bytes != global.in_use() || slabs != global.live_count() {
+            return Err(format!(
+                "shards hold {slabs} slabs of {slab_bytes} bytes; the global core has {} live \
+                 blocks of {} bytes",
+                global.live_count(),
+                global.in_use()
+            ));
+        }
+        Ok(())
     }
 
-    fn lock(&self) -> MutexGuard<'_, PoolCore> {
-        // Every mutation of the core completes before it can panic (no upstream call or user
-        // code runs mid-update), so a poisoned lock still guards a consistent core.
-        self.inner
-            .core
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    /// After a device-wide synchronisation, every shard's wholly free slabs go back to the
+    /// global core, and all free memory becomes free to any stream.
+    fn gather(&self, global: &mut PoolCore) -> Result<()> {
+        // Every shard is locked before the synchronisation, so no free can slip in between
+        // (its block's work might still be queued) and be merged as free to any stream.
+        let mut shards: Vec<_> = self.inner.shards.iter().map(|s| lock(&s.core)).collect();
+        self.inner.order.synchronize_all()?;
+        for core in shards.iter_mut() {
+            core.merge_all();
+            for (base, size) in core.empty_chunks() {
+                core.remove_chunk(base);
+                global.free(NAME, StreamId::DEFAULT, base, size)?;
+            }
+        }
+        global.merge_all();
+        Ok(())
     }
 
-    /// Grows by at least `needed` bytes: tries max(needed, pool size), bounded by the maximum,
-    /// halving on upstream failure.
+    /// A slab of at least `needed` bytes for `stream`'s shard (holding `held` bytes). The shard
+    /// doubles (as the pool itself grows by its size): a slab of `held` bytes from free global
+    /// memory, else from growth; failing both (the upstream or the maximum is exhausted), the
+    /// smallest slab that serves the request, then everything the shards hold free, after a
+    /// device-wide synchronisation.
+    fn slab_for(
+        &self,
+        stream: StreamRef<'_>,
+        held: usize,
+        bytes: usize,
+        needed: usize,
+    ) -> Result<Slab> {
+        let mut global = lock(&self.inner.global);
+        let desired = align_up(needed.max(held).max(MIN_SLAB), GRAIN).unwrap_or(needed);
+        let take = |global: &mut PoolCore, sizes: &[usize]| -> Result<Option<Slab>> {
+            for &want in sizes {
+                let got = allocate_from(
+                    global,
+                    &*self.inner.order,
+                    stream,
+                    want,
+                    GRAIN,
+                    Reach::Events,
+                )?;
+                if let Some(p) = got {
+                    return Ok(Some(Slab::Got(p.as_ptr() as usize, want)));
+                }
+            }
+            Ok(None)
+        };
+        if let Some(slab) = take(&mut global, &[desired])? {
+            return Ok(slab);
+        }
+        match self.grow(&mut global, stream, bytes, needed, desired) {
+            Ok(()) => {}
+            Err(e) if e.is_out_of_memory() => {
+                if let Some(slab) = take(&mut global, &[needed])? {
+                    return Ok(slab);
+                }
+                self.gather(&mut global)?;
+                return Ok(take(&mut global, &[needed])?.unwrap_or(Slab::Gathered(e)));
+            }
+            Err(e) => return Err(e),
+        }
+        take(&mut global, &[desired, needed])?.ok_or_else(|| Error::OutOfMemory {
+            bytes,
+            resource: NAME,
+            detail: "a fresh chunk did not fit the request".to_owned(),
+        })
+    }
+
+    /// Grows the global core by at least `needed` bytes: tries max(`desired`, pool size),
+    /// bounded by the maximum, halving on upstream failure.
     fn grow(
         &self,
         core: &mut PoolCore,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         bytes: usize,
         needed: usize,
+        desired: usize,
     ) -> Result<()> {
         let current = core.pool_size();
         let room = self
             .inner
             .maximum
             .map_or(usize::MAX, |m| m.saturating_sub(current));
-        let (in_use, largest) = (core.in_use(), core.largest_free());
         let oom = |why: String| Error::OutOfMemory {
             bytes,
             resource: NAME,
             detail: format!(
-                "{why}; pool holds {current} bytes ({in_use} in use, largest free block \
-                 {largest}, maximum {})",
+                "{why}; pool holds {current} bytes (maximum {})",
                 self.inner
                     .maximum
                     .map_or("none".to_owned(), |m| m.to_string())
@@ -240,21 +403,20 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
                 "growing by {needed} bytes would pass the maximum"
             )));
         }
-        let mut attempt = needed.max(current).min(room) & !(GRAIN - 1);
+        let mut attempt = (desired.max(current).min(room) & !(GRAIN - 1)).max(needed);
         loop {
             match self.inner.upstream.allocate(stream, attempt, GRAIN) {
                 Ok(p) => {
-                    core.add_chunk(p.as_ptr() as usize, attempt, Some(stream));
+                    core.add_chunk(p.as_ptr() as usize, attempt, Some(stream.id()));
                     // Mark now so other streams can take the rest with one wait; a failed mark
                     // only keeps it private to `stream` for a while.
                     if self.inner.order.mark(stream).is_ok() {
-                        core.seal(stream);
+                        core.seal(stream.id());
                     }
                     return Ok(());
                 }
                 Err(e) if e.is_out_of_memory() && attempt > needed => {
-                    attempt = (attempt / 2).max(needed) & !(GRAIN - 1);
-                    attempt = attempt.max(needed);
+                    attempt = ((attempt / 2) & !(GRAIN - 1)).max(needed);
                 }
                 Err(e) if e.is_out_of_memory() => {
                     return Err(oom(format!(
@@ -265,49 +427,108 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
             }
         }
     }
+
+    /// Frees into shard `i`; `Ok(false)` when the block is not one of its live blocks.
+    fn free_in_shard(
+        &self,
+        i: usize,
+        stream: StreamRef<'_>,
+        addr: usize,
+        bytes: usize,
+        foreign: bool,
+    ) -> Result<bool> {
+        let mut core = lock(&self.inner.shards[i].core);
+        // A block freed on a stream of another shard is sealed at once: the shard's own
+        // streams reach it with one event wait.
+        // An empty slab stays with the shard: giving slabs back on a free makes a shard that
+        // is short of contiguous room take and return small slabs over and over. Slabs go back
+        // only when the upstream is exhausted (`gather`) and in `release`.
+        let order = &*self.inner.order;
+        match free_into(&mut core, order, NAME, stream, addr, bytes, foreign) {
+            Ok(_) => Ok(true),
+            Err(Error::UnknownPointer { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
 }
 
-// SAFETY: blocks are carved from upstream chunks that the upstream guarantees disjoint and live;
-// the core tiles each chunk exactly (checked by `check_invariants`), hands out each range once,
-// aligns to the request, and hands a free block to another stream only after ordering it.
+// SAFETY: blocks are carved from upstream chunks that the upstream guarantees disjoint and live:
+// the global core tiles each chunk exactly and hands each slab to one shard, whose core tiles
+// the slab exactly (both checked by `check_invariants`); each range is handed out once, aligned
+// to the request, and a free block reaches another stream only after ordering it.
 unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, GRAIN)?;
         let (_, needed) = footprint(bytes, align).ok_or(Error::SizeOverflow { bytes, align })?;
-        let mut core = self.lock();
-        if let Some(p) = allocate_from(&mut core, &*self.inner.order, stream, bytes, align)? {
-            return Ok(p);
+        let shard = &self.inner.shards[self.inner.map.shard_of(stream.id())];
+        let order = &*self.inner.order;
+        loop {
+            let held = {
+                let mut core = lock(&shard.core);
+                if let Some(p) =
+                    allocate_from(&mut core, order, stream, bytes, align, Reach::Events)?
+                {
+                    return Ok(p);
+                }
+                core.pool_size()
+            };
+            // No shard lock is held while the global one is taken.
+            match self.slab_for(stream, held, bytes, needed)? {
+                Slab::Got(base, size) => {
+                    let mut core = lock(&shard.core);
+                    core.add_chunk(base, size, Some(stream.id()));
+                    if let Some(p) = core.take(stream.id(), bytes, align) {
+                        return Ok(p);
+                    }
+                    // Another thread on this stream took the slab first: start over.
+                }
+                // Every free block is now free to any stream, wherever it lies: take one from
+                // whichever shard holds it (the block stays that shard's), else out of memory.
+                Slab::Gathered(e) => {
+                    for other in self.inner.shards.iter() {
+                        let mut core = lock(&other.core);
+                        let got =
+                            allocate_from(&mut core, order, stream, bytes, align, Reach::Events)?;
+                        if let Some(p) = got {
+                            return Ok(p);
+                        }
+                    }
+                    return Err(e);
+                }
+            }
         }
-        self.grow(&mut core, stream, bytes, needed)?;
-        core.take(stream, bytes, align)
-            .ok_or_else(|| Error::OutOfMemory {
-                bytes,
-                resource: NAME,
-                detail: "a fresh chunk did not fit the request".to_owned(),
-            })
     }
 
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         _align: usize,
     ) -> Result<()> {
-        let mut core = self.lock();
-        free_into(
-            &mut core,
-            &*self.inner.order,
-            NAME,
-            stream,
-            ptr.as_ptr() as usize,
-            bytes,
-        )
-        .map(drop)
+        let addr = ptr.as_ptr() as usize;
+        let mine = self.inner.map.shard_of(stream.id());
+        if self.free_in_shard(mine, stream, addr, bytes, false)? {
+            return Ok(());
+        }
+        // Allocated on a stream of another shard.
+        let n = self.inner.shards.len();
+        for i in (1..n).map(|k| (mine + k) % n) {
+            if self.free_in_shard(i, stream, addr, bytes, true)? {
+                return Ok(());
+            }
+        }
+        Err(Error::UnknownPointer {
+            resource: NAME,
+            ptr: addr,
+        })
     }
 
     fn properties(&self) -> Properties {
         self.inner.upstream.properties()
+    }
+    fn device(&self) -> Option<Device> {
+        self.inner.upstream.device()
     }
 }
 
@@ -316,14 +537,16 @@ impl<R: MemoryResource> Drop for Inner<R> {
         // Blocks may still be in use by queued work on any stream; the upstream may reuse the
         // chunks at once. Drop cannot report a failure.
         let _ = self.order.synchronize_all();
-        let core = self.core.get_mut().unwrap_or_else(PoisonError::into_inner);
-        for (base, size) in core.chunks() {
-            let ptr = NonNull::new(base as *mut u8).expect("chunk bases are non-null");
+        let global = self
+            .global
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        for (base, size) in global.chunks() {
             // SAFETY: each chunk came from the upstream with this size and alignment and is
             // returned once, as the last handle to the pool goes away. Drop cannot report.
             let _ = unsafe {
                 self.upstream
-                    .deallocate(StreamRef::DEFAULT, ptr, size, GRAIN)
+                    .deallocate(StreamRef::DEFAULT, non_null(base), size, GRAIN)
             };
         }
     }
@@ -333,6 +556,7 @@ impl<R: MemoryResource> fmt::Debug for PoolMemoryResource<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct(NAME)
             .field("upstream", &self.inner.upstream)
+            .field("shards", &self.inner.shards.len())
             .field("stats", &self.stats())
             .finish()
     }

@@ -37,6 +37,11 @@ pub unsafe trait PhysicalBacking: Send + Sync + fmt::Debug + 'static {
     /// Who may dereference mapped memory.
     fn properties(&self) -> Properties;
 
+    /// The device whose context the backing's driver calls run in (`None`: no driver).
+    fn device(&self) -> Option<crate::driver::Device> {
+        None
+    }
+
     /// Reserves `size` bytes (a multiple of the granularity) of address space at an address
     /// aligned to `align` (a power-of-two multiple of the granularity); maps nothing.
     fn reserve(&self, size: usize, align: usize) -> Result<usize>;
@@ -102,6 +107,9 @@ unsafe impl<B: PhysicalBacking> PhysicalBacking for std::sync::Arc<B> {
     }
     fn properties(&self) -> Properties {
         (**self).properties()
+    }
+    fn device(&self) -> Option<crate::driver::Device> {
+        (**self).device()
     }
     fn reserve(&self, size: usize, align: usize) -> Result<usize> {
         (**self).reserve(size, align)

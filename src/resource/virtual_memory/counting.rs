@@ -48,6 +48,9 @@ unsafe impl<B: PhysicalBacking> PhysicalBacking for CountingBacking<B> {
     fn properties(&self) -> Properties {
         self.inner.properties()
     }
+    fn device(&self) -> Option<crate::driver::Device> {
+        self.inner.device()
+    }
     fn reserve(&self, size: usize, align: usize) -> Result<usize> {
         self.inner.reserve(size, align)
     }

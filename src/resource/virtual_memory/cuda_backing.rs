@@ -169,6 +169,10 @@ unsafe impl PhysicalBacking for CudaBacking {
         Properties::DEVICE
     }
 
+    fn device(&self) -> Option<Device> {
+        Some(self.device.clone())
+    }
+
     fn reserve(&self, size: usize, align: usize) -> Result<usize> {
         self.device.bind()?;
         let mut va: sys::CUdeviceptr = 0;

@@ -185,7 +185,7 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
 // SAFETY: pure routing by size to two resources that uphold the contract over disjoint
 // reservations; a block is freed to the one that allocated it (same size, same route).
 unsafe impl<B: PhysicalBacking> MemoryResource for ExpandableMemoryResource<B> {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let (mine, other) = self.route(bytes);
         match mine.allocate(stream, bytes, align) {
             // The other range's free pages are physical memory too: release them and retry.
@@ -199,7 +199,7 @@ unsafe impl<B: PhysicalBacking> MemoryResource for ExpandableMemoryResource<B> {
 
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         align: usize,
@@ -210,6 +210,10 @@ unsafe impl<B: PhysicalBacking> MemoryResource for ExpandableMemoryResource<B> {
 
     fn properties(&self) -> Properties {
         self.small.properties()
+    }
+
+    fn device(&self) -> Option<Device> {
+        self.small.device()
     }
 }
 

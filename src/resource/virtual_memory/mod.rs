@@ -43,7 +43,7 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use self::pages::Pages;
-use super::coalescing::core::{allocate_from, footprint, free_into, PoolCore, GRAIN};
+use super::coalescing::core::{allocate_from, footprint, free_into, PoolCore, Reach, GRAIN};
 use super::StreamOrder;
 use super::{align_up, check_request, CudaOrder, HostOrder, MemoryResource, Properties};
 use crate::driver::Device;
@@ -434,16 +434,17 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
 // returned every page it touches is mapped with the backing's access (`Pages::commit`), and a
 // page is unmapped only with no live block on it, after a device-wide synchronisation.
 unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
-    fn allocate(&self, stream: StreamRef, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, GRAIN)?;
         let mut st = self.lock();
         let (bytes, align) = self.shape(st.pages.page_size(), bytes, align)?;
         let (size, needed) = footprint(bytes, align).ok_or(Error::SizeOverflow { bytes, align })?;
         let order = &*self.inner.order;
-        let found = match allocate_from(&mut st.core, order, stream, bytes, align)? {
+        let reach = Reach::Synchronize;
+        let found = match allocate_from(&mut st.core, order, stream, bytes, align, reach)? {
             Some(p) => Some(p),
             None if self.extend(&mut st, needed) => {
-                allocate_from(&mut st.core, order, stream, bytes, align)?
+                allocate_from(&mut st.core, order, stream, bytes, align, reach)?
             }
             None => None,
         };
@@ -461,7 +462,7 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
             .commit(&self.inner.backing, order, start, start + size)
         {
             // Never used: back to the index (a block of ours with its own size cannot fail).
-            let _ = st.core.free(NAME, stream, start, bytes);
+            let _ = st.core.free(NAME, stream.id(), start, bytes);
             return Err(match e {
                 Error::OutOfMemory { detail, .. } => self.out_of_memory(st, bytes, detail),
                 e => e,
@@ -472,7 +473,7 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
 
     unsafe fn deallocate(
         &self,
-        stream: StreamRef,
+        stream: StreamRef<'_>,
         ptr: NonNull<u8>,
         bytes: usize,
         align: usize,
@@ -481,7 +482,15 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
         let (bytes, _) = self.shape(st.pages.page_size(), bytes, align.max(1))?;
         let start = ptr.as_ptr() as usize;
         let st = &mut *st;
-        free_into(&mut st.core, &*self.inner.order, NAME, stream, start, bytes)?;
+        free_into(
+            &mut st.core,
+            &*self.inner.order,
+            NAME,
+            stream,
+            start,
+            bytes,
+            false,
+        )?;
         let size = align_up(bytes, GRAIN).expect("the block was allocated with this size");
         st.pages.decommit(start, start + size);
         Ok(())
@@ -489,6 +498,10 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
 
     fn properties(&self) -> Properties {
         self.inner.backing.properties()
+    }
+
+    fn device(&self) -> Option<Device> {
+        self.inner.backing.device()
     }
 }
 

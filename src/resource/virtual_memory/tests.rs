@@ -6,19 +6,28 @@ use crate::resource::{OrderEvent, RecordingOrder};
 
 const MIB: usize = 1 << 20;
 const PAGE: usize = 2 * MIB;
-const A: StreamRef = StreamRef::simulated(1);
-const B: StreamRef = StreamRef::simulated(2);
+const A: StreamRef<'static> = StreamRef::simulated(1);
+const B: StreamRef<'static> = StreamRef::simulated(2);
 
 fn expandable(capacity: usize) -> VirtualMemoryResource<Arc<SimulatedBacking>> {
     let backing = Arc::new(SimulatedBacking::new(capacity, PAGE).unwrap());
     VirtualMemoryResource::new(backing, VirtualOptions::expandable().maximum(capacity)).unwrap()
 }
 
-fn alloc<P: PhysicalBacking>(r: &VirtualMemoryResource<P>, s: StreamRef, bytes: usize) -> usize {
+fn alloc<P: PhysicalBacking>(
+    r: &VirtualMemoryResource<P>,
+    s: StreamRef<'_>,
+    bytes: usize,
+) -> usize {
     r.allocate(s, bytes, 256).unwrap().as_ptr() as usize
 }
 
-fn free<P: PhysicalBacking>(r: &VirtualMemoryResource<P>, s: StreamRef, p: usize, bytes: usize) {
+fn free<P: PhysicalBacking>(
+    r: &VirtualMemoryResource<P>,
+    s: StreamRef<'_>,
+    p: usize,
+    bytes: usize,
+) {
     // SAFETY: simulated memory is never touched; the block came from `r` with `bytes`.
     unsafe { r.deallocate(s, NonNull::new(p as *mut u8).unwrap(), bytes, 256) }.unwrap()
 }
