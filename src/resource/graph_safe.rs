@@ -28,7 +28,8 @@ pub trait CaptureQuery: Send + Sync + fmt::Debug {
     fn capture_id(&self, stream: StreamRef<'_>) -> Result<Option<u64>>;
     /// Runs `f` where synchronous allocator calls do not disturb a capture.
     fn relaxed(&self, f: &mut dyn FnMut());
-    /// Waits for all work on the device (outside any capture).
+    /// Waits for all work on the device (outside any capture), for upstreams that name no
+    /// device.
     fn synchronize(&self) -> Result<()>;
 }
 
@@ -240,7 +241,7 @@ impl<R: MemoryResource + Clone> GraphSafeMemoryResource<R> {
     /// No graph captured with these blocks may be launched again (destroy them first), and no
     /// live pointer into the pool may be used again.
     pub unsafe fn release_graph_pool(&self, capture: u64) -> Result<usize> {
-        self.inner.query.synchronize()?;
+        self.synchronize()?;
         let Some(gp) = self.lock().remove(&capture) else {
             return Err(Error::InvalidArgument(format!(
                 "{NAME}: no graph pool for capture {capture}"
@@ -260,7 +261,7 @@ impl<R: MemoryResource + Clone> GraphSafeMemoryResource<R> {
     /// Does the upstream frees a capture deferred, on `stream` (not captured), once the work
     /// queued before them (on streams that may be gone) is done.
     fn flush_pending(&self, stream: StreamRef<'_>) -> Result<()> {
-        self.inner.query.synchronize()?;
+        self.synchronize()?;
         let pending = std::mem::take(&mut *self.pending());
         let mut first_error = Ok(());
         for (addr, bytes, align) in pending {
@@ -282,6 +283,24 @@ impl<R: MemoryResource + Clone> GraphSafeMemoryResource<R> {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Waits for the upstream's device (the query's idea of the device when the upstream has
+    /// none).
+    fn synchronize(&self) -> Result<()> {
+        match self.inner.upstream.device() {
+            Some(d) => d.synchronize(),
+            None => self.inner.query.synchronize(),
+        }
+    }
+
+    /// The capture `stream` is in, asked in the upstream device's context (the legacy stream
+    /// is per context).
+    fn capture_of(&self, stream: StreamRef<'_>) -> Result<Option<u64>> {
+        if let Some(d) = self.inner.upstream.device() {
+            d.bind()?;
+        }
+        self.inner.query.capture_id(stream)
+    }
+
     fn lock(&self) -> MutexGuard<'_, HashMap<u64, GraphPool<R>>> {
         // Map updates cannot panic midway.
         self.inner
@@ -295,7 +314,7 @@ impl<R: MemoryResource + Clone> GraphSafeMemoryResource<R> {
 // upholding the contract; a graph block is never handed out again before its pool is released.
 unsafe impl<R: MemoryResource + Clone> MemoryResource for GraphSafeMemoryResource<R> {
     fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
-        let Some(capture) = self.inner.query.capture_id(stream)? else {
+        let Some(capture) = self.capture_of(stream)? else {
             if !self.pending().is_empty() {
                 self.flush_pending(stream)?;
             }
@@ -357,7 +376,7 @@ unsafe impl<R: MemoryResource + Clone> MemoryResource for GraphSafeMemoryResourc
                 }
             }
         }
-        if self.inner.query.capture_id(stream)?.is_some() {
+        if self.capture_of(stream)?.is_some() {
             self.pending().push((addr, bytes, align));
             return Ok(());
         }
