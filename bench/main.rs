@@ -23,6 +23,7 @@ fn main() {
         bench::BenchArgs {
             workloads: Vec::new(),
             quick: true,
+            plot: None,
         }
     };
     match bench::run(&args) {

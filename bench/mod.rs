@@ -6,6 +6,7 @@ pub mod adaptor_overhead;
 pub mod alloc_free;
 pub mod device_alloc;
 mod driver_pool;
+pub mod plot;
 pub mod random_allocations;
 pub mod table;
 pub mod trace_replay;
@@ -22,6 +23,9 @@ pub struct BenchArgs {
     /// Fewer iterations, for a quick look (and for CI).
     #[arg(long)]
     pub quick: bool,
+    /// Also draw each table as an SVG chart in this directory.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 /// The benchmark workloads.
@@ -56,18 +60,23 @@ pub fn run(args: &BenchArgs) -> carve::Result<()> {
     } else {
         &args.workloads[..]
     };
+    let mut drawn = 0;
     for w in chosen {
-        match w {
-            Workload::AllocFree => alloc_free::run(args.quick)?.print(),
-            Workload::AdaptorOverhead => adaptor_overhead::run(args.quick)?.print(),
-            Workload::RandomAllocations => random_allocations::run(args.quick)?
-                .iter()
-                .for_each(|t| t.print()),
-            Workload::DeviceAlloc => device_alloc::run(args.quick)?.print(),
-            Workload::TraceReplay => trace_replay::run(args.quick)?
-                .iter()
-                .for_each(|t| t.print()),
-            Workload::VirtualGrowth => virtual_growth::run(args.quick)?.print(),
+        let tables = match w {
+            Workload::AllocFree => vec![alloc_free::run(args.quick)?],
+            Workload::AdaptorOverhead => vec![adaptor_overhead::run(args.quick)?],
+            Workload::RandomAllocations => random_allocations::run(args.quick)?,
+            Workload::DeviceAlloc => vec![device_alloc::run(args.quick)?],
+            Workload::TraceReplay => trace_replay::run(args.quick)?,
+            Workload::VirtualGrowth => vec![virtual_growth::run(args.quick)?],
+        };
+        for t in &tables {
+            t.print();
+            if let Some(dir) = &args.plot {
+                let path = plot::write(t, drawn, dir)?;
+                println!("(chart: {})\n", path.display());
+                drawn += 1;
+            }
         }
     }
     Ok(())

@@ -229,8 +229,8 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        // Drop cannot report: callers who care use `free`.
-        let _ = self.release();
+        // Drop cannot report (callers who care use `free`): record it for `take_deferred_error`.
+        crate::deferred::record("DeviceBuffer drop", self.release());
     }
 }
 

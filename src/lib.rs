@@ -45,16 +45,23 @@
 //! | [`heap`] | `DeviceHeap`: blocks that kernels allocate and free |
 //! | `replay` | replaying RMM allocation logs (feature `cli`) |
 //! | [`driver`] | devices, streams, events, the embedded PTX |
+//! | `plot` | line charts as SVG for replay and bench plots (feature `cli`) |
+//! | [`snapshot`] | PyTorch's memory-snapshot format (write and read), for its viewer |
+//! | [`deferred`] | errors from `Drop` and undo paths, kept for [`take_deferred_error`] |
 
 pub mod adaptor;
 pub mod buffer;
 pub mod current;
+pub mod deferred;
 pub mod driver;
 pub mod error;
 pub mod heap;
 #[cfg(feature = "cli")]
+pub mod plot;
+#[cfg(feature = "cli")]
 pub mod replay;
 pub mod resource;
+pub mod snapshot;
 pub mod stream;
 #[allow(dead_code)]
 mod sync;
@@ -62,6 +69,7 @@ mod sync;
 pub mod testing;
 
 pub use buffer::{DeviceBuffer, DeviceVec};
+pub use deferred::{deferred_error_count, take_deferred_error, DeferredError};
 pub use driver::{Device, Event, Stream};
 pub use error::{Error, Result};
 pub use heap::{DeviceHeap, HeapStats};

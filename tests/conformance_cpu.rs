@@ -10,8 +10,9 @@ mod conformance;
 use std::sync::Arc;
 
 use carve::adaptor::{
-    AlignedResourceAdaptor, FailureCallbackResourceAdaptor, LimitingResourceAdaptor,
-    LoggingResourceAdaptor, StatisticsResourceAdaptor, TrackingResourceAdaptor,
+    AlignedResourceAdaptor, FailureCallbackResourceAdaptor, FaultInjectingResource, FaultOptions,
+    LimitingResourceAdaptor, LoggingResourceAdaptor, StatisticsResourceAdaptor,
+    TrackingResourceAdaptor,
 };
 use carve::resource::{
     ArenaOptions, Bin, ExpandableOptions, FixedSizeOptions, HostBacking, PoolOptions,
@@ -308,6 +309,18 @@ fn failure_callback(
         .recorded(&env.order)
 }
 
+/// With no faults and no delayed frees it must be a transparent adaptor (tests/fault_injection.rs
+/// checks what happens with them).
+fn fault_injection(env: &Cpu) -> Subject<FaultInjectingResource<PoolMemoryResource<Up>>> {
+    Subject::new(FaultInjectingResource::new(
+        env.pool(),
+        FaultOptions::default(),
+    ))
+    .usage(|r| pool_usage(r.upstream()))
+    .invariants(|r| r.upstream().check_invariants())
+    .recorded(&env.order)
+}
+
 fn aligned(env: &Cpu) -> Subject<AlignedResourceAdaptor<PoolMemoryResource<Up>>> {
     Subject::new(AlignedResourceAdaptor::new(env.pool(), 4096, 64 << 10).unwrap())
         .usage(|r| pool_usage(r.upstream()))
@@ -335,6 +348,7 @@ conformance_suite! { cpu;
     logging => logging,
     failure_callback => failure_callback,
     aligned => aligned,
+    fault_injection => fault_injection,
 }
 
 /// The checks can fail: resources that break a promise are caught.

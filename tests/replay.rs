@@ -31,7 +31,8 @@ impl Write for SharedBuf {
 fn args(log: &Path, kind: ResourceKind) -> ReplayArgs {
     ReplayArgs {
         log: log.to_owned(),
-        resource: kind,
+        format: Default::default(),
+        resource: vec![kind],
         device: 0,
         initial_size: None,
         maximum_size: None,
@@ -39,6 +40,8 @@ fn args(log: &Path, kind: ResourceKind) -> ReplayArgs {
         large_upstream: LargeUpstream::Pool,
         simulate_capacity: None,
         no_progress: true,
+        snapshot: None,
+        plot: None,
     }
 }
 
@@ -455,11 +458,11 @@ fn expandable_serves_a_request_larger_than_any_hole() {
     );
 
     // The virtual resource (whole chunks per block) does the same.
-    a.resource = ResourceKind::Virtual;
+    a.resource = vec![ResourceKind::Virtual];
     assert!(replay_file(&a).unwrap().succeeded());
 
     // A pool over the same memory cannot: the first failure names the largest hole.
-    a.resource = ResourceKind::Pool;
+    a.resource = vec![ResourceKind::Pool];
     let report = replay_file(&a).unwrap();
     assert_eq!(report.failed_allocations, 1, "{report}");
     let ff = report.first_failure.unwrap();
@@ -472,7 +475,7 @@ fn expandable_serves_a_request_larger_than_any_hole() {
 
     // Too little memory is still a failure (the fourth block), with the largest request that
     // could be mapped; the 2 GiB request then fits in the two freed blocks' memory.
-    a.resource = ResourceKind::Expandable;
+    a.resource = vec![ResourceKind::Expandable];
     a.simulate_capacity = Some(3 * GIB);
     let report = replay_file(&a).unwrap();
     assert_eq!(report.failed_allocations, 1, "{report}");

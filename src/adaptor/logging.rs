@@ -157,8 +157,11 @@ impl<R: MemoryResource> LoggingResourceAdaptor<R> {
 
 impl<R> Drop for Inner<R> {
     fn drop(&mut self) {
-        // Best effort: a log that cannot be flushed at exit has no one left to report to.
-        let _ = lock(&self.out).flush();
+        // No caller is left to report to: record it for `take_deferred_error`.
+        crate::deferred::record(
+            "LoggingResourceAdaptor drop: flushing the log",
+            lock(&self.out).flush().map_err(crate::error::Error::from),
+        );
     }
 }
 
@@ -246,14 +249,18 @@ unsafe impl<R: MemoryResource> MemoryResource for LoggingResourceAdaptor<R> {
             Ok(ptr) => {
                 if let Err(e) = self.log(LogAction::Allocate, Some(ptr), bytes, stream) {
                     // SAFETY: just allocated with these arguments and never handed out.
-                    let _ = unsafe { self.inner.upstream.deallocate(stream, ptr, bytes, align) };
+                    let undo = unsafe { self.inner.upstream.deallocate(stream, ptr, bytes, align) };
+                    crate::deferred::record("LoggingResourceAdaptor: undoing an allocation", undo);
                     return Err(e);
                 }
                 Ok(ptr)
             }
             Err(e) => {
-                // The allocation error is the one to report; a log failure on top adds nothing.
-                let _ = self.log(LogAction::AllocateFailure, None, bytes, stream);
+                // The allocation error is the one to report; a log failure on top is deferred.
+                crate::deferred::record(
+                    "LoggingResourceAdaptor: logging a failed allocation",
+                    self.log(LogAction::AllocateFailure, None, bytes, stream),
+                );
                 Err(e)
             }
         }

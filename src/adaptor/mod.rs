@@ -10,9 +10,11 @@
 //! | [`FailureCallbackResourceAdaptor`] | on out-of-memory, calls back and retries |
 //! | [`AlignedResourceAdaptor`] | over-aligns requests at or above a size threshold |
 //! | [`PrefetchResourceAdaptor`] | prefetches managed allocations to the device |
+//! | [`FaultInjectingResource`] | fails chosen allocations and frees, delays frees (for tests) |
 
 mod aligned;
 mod failure_callback;
+mod fault_injection;
 mod limiting;
 mod logging;
 mod prefetch;
@@ -21,6 +23,7 @@ mod tracking;
 
 pub use aligned::AlignedResourceAdaptor;
 pub use failure_callback::FailureCallbackResourceAdaptor;
+pub use fault_injection::{FaultInjectingResource, FaultOptions, FaultPattern, FaultStats};
 pub use limiting::LimitingResourceAdaptor;
 pub use logging::{LogAction, LoggingResourceAdaptor, LOG_HEADER};
 pub use prefetch::PrefetchResourceAdaptor;

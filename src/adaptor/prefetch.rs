@@ -65,7 +65,8 @@ unsafe impl<R: MemoryResource> MemoryResource for PrefetchResourceAdaptor<R> {
         let ptr = self.inner.upstream.allocate(stream, bytes, align)?;
         if let Err(e) = prefetch_to_device(ptr, bytes, &self.inner.device, stream) {
             // SAFETY: just allocated with these arguments; nothing was queued that uses it.
-            let _ = unsafe { self.inner.upstream.deallocate(stream, ptr, bytes, align) };
+            let undo = unsafe { self.inner.upstream.deallocate(stream, ptr, bytes, align) };
+            crate::deferred::record("PrefetchResourceAdaptor: undoing an allocation", undo);
             return Err(e);
         }
         Ok(ptr)

@@ -10,7 +10,11 @@ use std::sync::{Arc, Mutex};
 use super::lock;
 use crate::error::{Error, Result};
 use crate::resource::{MemoryResource, Properties};
+use crate::snapshot::Action;
 use crate::stream::{StreamId, StreamRef};
+
+#[path = "tracking_history.rs"]
+mod history;
 
 const NAME: &str = "TrackingResourceAdaptor";
 
@@ -55,6 +59,7 @@ struct State {
     bytes: usize,
     freed: HashSet<usize>,
     freed_order: VecDeque<usize>,
+    history: history::History,
 }
 
 impl State {
@@ -144,7 +149,18 @@ impl<R: MemoryResource> TrackingResourceAdaptor<R> {
 // upstream only for blocks this adaptor holds as live.
 unsafe impl<R: MemoryResource> MemoryResource for TrackingResourceAdaptor<R> {
     fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
-        let ptr = self.inner.upstream.allocate(stream, bytes, align)?;
+        let ptr = match self.inner.upstream.allocate(stream, bytes, align) {
+            Ok(ptr) => ptr,
+            Err(e) => {
+                if e.is_out_of_memory() {
+                    let mut state = lock(&self.inner.state);
+                    state
+                        .history
+                        .push(Action::Oom, 0, bytes, stream.id().get(), None);
+                }
+                return Err(e);
+            }
+        };
         let backtrace = self
             .inner
             .capture_backtraces
@@ -153,6 +169,13 @@ unsafe impl<R: MemoryResource> MemoryResource for TrackingResourceAdaptor<R> {
         let mut state = lock(&self.inner.state);
         state.freed.remove(&addr);
         state.bytes += bytes;
+        state.history.push(
+            Action::Alloc,
+            addr,
+            bytes,
+            stream.id().get(),
+            backtrace.clone(),
+        );
         state.live.insert(
             addr,
             Allocation {
@@ -209,12 +232,17 @@ unsafe impl<R: MemoryResource> MemoryResource for TrackingResourceAdaptor<R> {
         // SAFETY: the block was live in our map, so it came from the upstream with these
         // arguments, and removing it means no other free of it passes.
         let result = unsafe { self.inner.upstream.deallocate(stream, ptr, bytes, align) };
+        let mut state = lock(&self.inner.state);
         if result.is_err() {
             // The upstream kept the block: it is still outstanding.
-            let mut state = lock(&self.inner.state);
             state.freed.remove(&addr);
             state.bytes += bytes;
             state.live.insert(addr, taken);
+        } else {
+            let bt = taken.backtrace;
+            state
+                .history
+                .push(Action::FreeCompleted, addr, bytes, stream.id().get(), bt);
         }
         result
     }

@@ -204,7 +204,11 @@ impl Drop for LinkState {
     fn drop(&mut self) {
         // SAFETY: `raw` came from cuLinkCreate and is destroyed once, here; nothing borrows
         // from it any more (complete() copied the image out).
-        let _ = unsafe { sys::cuLinkDestroy(self.raw) };
+        let r = unsafe { sys::cuLinkDestroy(self.raw) }.result();
+        crate::deferred::record(
+            "LinkedModule: cuLinkDestroy",
+            r.map_err(|e| Error::driver("cuLinkDestroy", e)),
+        );
     }
 }
 

@@ -242,10 +242,11 @@ impl DeviceHeap {
         relocate(&mut seg.handle, &region, ptr.as_ptr() as u64);
         if let Err(e) = self.format(&seg) {
             // SAFETY: allocated just above with these arguments, never published.
-            let _ = unsafe {
+            let undo = unsafe {
                 self.resource
                     .deallocate(self.stream.as_ref(), raw, raw_len, DEFAULT_ALIGNMENT)
             };
+            crate::deferred::record("DeviceHeap: undoing a segment", undo);
             return Err(e);
         }
         if let Some(last) = self.segments.last_mut() {
@@ -306,7 +307,7 @@ impl Drop for DeviceHeap {
         for seg in self.segments.drain(..) {
             // SAFETY: each region came from this resource with these arguments, once; kernels
             // using it are ordered before the free on the heap's stream.
-            let _ = unsafe {
+            let r = unsafe {
                 self.resource.deallocate(
                     self.stream.as_ref(),
                     seg.raw,
@@ -314,6 +315,7 @@ impl Drop for DeviceHeap {
                     DEFAULT_ALIGNMENT,
                 )
             };
+            crate::deferred::record("DeviceHeap drop: returning a segment", r);
         }
     }
 }

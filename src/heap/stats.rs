@@ -51,20 +51,21 @@ impl HeapStats {
         self.foreign_frees += o.foreign_frees;
     }
 
-    /// Decodes one segment's prefix (`[0, layout.stats_end)` of its region).
+    /// Decodes one segment's prefix (`[0, layout.stats_end)` of its region). Sums saturate: a
+    /// prefix that is not a heap's (a wrong copy, garbage) gives large numbers, never a panic.
     pub(super) fn parse(kind: HeapKind, h: &HeapHandle, l: &RegionLayout, prefix: &[u8]) -> Self {
         let u64_at = |off: usize| u64::from_le_bytes(prefix[off..off + 8].try_into().unwrap());
         let u32_at = |off: usize| u32::from_le_bytes(prefix[off..off + 4].try_into().unwrap());
+        let sum = |values: &mut dyn Iterator<Item = u64>| values.fold(0u64, u64::saturating_add);
         let counter = |which: usize| -> u64 {
-            (0..COUNTER_SLOTS)
-                .map(|s| u64_at(l.counters + 8 * (which * COUNTER_SLOTS + s)))
-                .sum()
+            sum(&mut (0..COUNTER_SLOTS)
+                .map(|s| u64_at(l.counters + 8 * (which * COUNTER_SLOTS + s))))
         };
         let (in_use, high_water) = match kind {
             HeapKind::Slab { .. } => {
                 let n = h.nshards as usize;
-                let used = (0..n).map(|i| u32_at(l.shard_used + 4 * i) as u64).sum();
-                let peak = (0..n).map(|i| u32_at(l.shard_peak + 4 * i) as u64).sum();
+                let used = sum(&mut (0..n).map(|i| u32_at(l.shard_used + 4 * i) as u64));
+                let peak = sum(&mut (0..n).map(|i| u32_at(l.shard_peak + 4 * i) as u64));
                 (used, peak)
             }
             HeapKind::Bump => {
@@ -114,5 +115,25 @@ mod tests {
             (s.failed_allocs, s.double_frees, s.foreign_frees),
             (5, 2, 7)
         );
+    }
+
+    /// Found by tests/fuzz.rs: counters of a garbage prefix overflowed their sum (a panic in
+    /// debug builds, a wrong small number in release).
+    #[test]
+    fn garbage_prefixes_saturate_instead_of_overflowing() {
+        let g = slab_geometry(300).unwrap();
+        let l = slab_layout(g, 300, 16, 16).unwrap();
+        let h = HeapHandle {
+            capacity: 300,
+            nshards: g.nshards,
+            ..bytemuck::Zeroable::zeroed()
+        };
+        let p = vec![0xffu8; l.stats_end];
+        let s = HeapStats::parse(HeapKind::Slab { block_size: 16 }, &h, &l, &p);
+        assert_eq!(
+            (s.failed_allocs, s.double_frees, s.foreign_frees),
+            (u64::MAX, u64::MAX, u64::MAX)
+        );
+        assert_eq!(s.in_use, u32::MAX as u64 * g.nshards as u64);
     }
 }

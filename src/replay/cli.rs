@@ -1,19 +1,26 @@
-//! `carve replay LOG.csv [--resource KIND] [sizes] [--simulate-capacity GiB]`.
+//! `carve replay LOG [--format csv|torch] [--resource KIND[,KIND...]] [sizes]
+//! [--simulate-capacity GiB] [--snapshot FILE] [--plot FILE.svg]`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::target::{build_target, LargeUpstream, ResourceKind, ResourceOptions};
-use super::{plan, read_log, replay, ReplayReport};
+use super::timeline::Timeline;
+use super::torch::{read_events, LogFormat};
+use super::{plan, ReplayReport};
 use crate::error::{Error, Result};
 
 /// `carve replay` options.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ReplayArgs {
-    /// The allocation log (RMM's CSV: Thread,Time,Action,Pointer,Size,Stream).
+    /// The allocation log: RMM's CSV (Thread,Time,Action,Pointer,Size,Stream) or a pickled
+    /// PyTorch memory snapshot (`torch.cuda.memory._dump_snapshot`).
     pub log: PathBuf,
-    /// The resource to replay on.
-    #[arg(long, value_enum, default_value_t = ResourceKind::Cuda)]
-    pub resource: ResourceKind,
+    /// The log's format (auto: a pickle is a PyTorch snapshot, anything else CSV).
+    #[arg(long, value_enum, default_value_t = LogFormat::Auto)]
+    pub format: LogFormat,
+    /// The resource(s) to replay on; several (`pool,arena,binning`) replay one after another.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "cuda")]
+    pub resource: Vec<ResourceKind>,
     /// Device ordinal.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
@@ -38,13 +45,38 @@ pub struct ReplayArgs {
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Write a PyTorch memory snapshot of the replay (open it with pytorch.org/memory_viz or
+    /// `python -m torch.cuda._memory_viz trace_plot FILE`). With several resources, the
+    /// resource's name goes before the extension. Tracking every block slows the replay.
+    #[arg(long, value_name = "FILE")]
+    pub snapshot: Option<PathBuf>,
+    /// Draw live and reserved bytes over the replay's steps as an SVG chart, one line each per
+    /// resource.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+}
+
+/// One resource's replay.
+#[derive(Clone, Debug)]
+pub struct Replayed {
+    /// What it found.
+    pub report: ReplayReport,
+    /// Bytes over time, when `--plot` asked for them.
+    pub timeline: Option<Timeline>,
+    /// Where its snapshot went, when `--snapshot` asked for one.
+    pub snapshot: Option<PathBuf>,
 }
 
 impl ReplayArgs {
-    /// The resource options these arguments name.
+    /// The resource options these arguments name, for the first resource.
     pub fn resource_options(&self) -> ResourceOptions {
+        self.resource_options_for(self.resource.first().copied().unwrap_or(ResourceKind::Cuda))
+    }
+
+    /// The resource options these arguments name, for `kind`.
+    pub fn resource_options_for(&self, kind: ResourceKind) -> ResourceOptions {
         ResourceOptions {
-            kind: self.resource,
+            kind,
             device: self.device,
             initial_size: self.initial_size,
             maximum_size: self.maximum_size,
@@ -58,8 +90,26 @@ impl ReplayArgs {
 /// Runs `carve replay`: prints the report, and fails (non-zero exit) when an allocation or free
 /// failed.
 pub fn run(args: &ReplayArgs) -> Result<()> {
-    let report = replay_file(args)?;
-    print!("{report}");
+    let all = replay_all(args)?;
+    for r in &all {
+        print!("{}", r.report);
+        if let Some(path) = &r.snapshot {
+            println!("  snapshot     {}", path.display());
+        }
+    }
+    if let Some(path) = &args.plot {
+        let timelines: Vec<Timeline> = all.iter().filter_map(|r| r.timeline.clone()).collect();
+        super::plot::chart(&timelines, &args.log).write_svg(path)?;
+        println!("plot written to {}", path.display());
+    }
+    for r in &all {
+        verdict(&r.report)?;
+    }
+    Ok(())
+}
+
+/// `Err` when an allocation or free failed.
+fn verdict(report: &ReplayReport) -> Result<()> {
     match &report.first_failure {
         Some(ff) => Err(Error::OutOfMemory {
             bytes: ff.bytes,
@@ -77,9 +127,17 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
     }
 }
 
-/// Reads, checks and replays the log `args` names.
+/// Reads, checks and replays the log `args` names on its first resource.
 pub fn replay_file(args: &ReplayArgs) -> Result<ReplayReport> {
-    let events = read_log(&args.log).map_err(|e| match e {
+    let mut first = args.clone();
+    first.resource.truncate(1);
+    first.plot = None;
+    Ok(replay_all(&first)?.remove(0).report)
+}
+
+/// Reads and checks the log once, then replays it on each resource `args` names, in turn.
+pub fn replay_all(args: &ReplayArgs) -> Result<Vec<Replayed>> {
+    let events = read_events(&args.log, args.format).map_err(|e| match e {
         Error::MalformedLog { line, reason } => Error::MalformedLog {
             line,
             reason: format!("{}: {reason}", args.log.display()),
@@ -87,8 +145,44 @@ pub fn replay_file(args: &ReplayArgs) -> Result<ReplayReport> {
         e => e,
     })?;
     let plan = plan(&events)?;
-    let target = build_target(&args.resource_options(), &plan.streams)?;
-    replay(&plan, &target, !args.no_progress)
+    let kinds = if args.resource.is_empty() {
+        vec![ResourceKind::Cuda]
+    } else {
+        args.resource.clone()
+    };
+    let mut out = Vec::with_capacity(kinds.len());
+    for &kind in &kinds {
+        let target = build_target(&args.resource_options_for(kind), &plan.streams)?;
+        let snapshot = args
+            .snapshot
+            .as_ref()
+            .map(|p| snapshot_path(p, kind, kinds.len() > 1));
+        out.push(super::observe::replay_one(
+            &plan,
+            target,
+            kind,
+            args.device,
+            !args.no_progress,
+            args.plot.is_some(),
+            snapshot,
+        )?);
+    }
+    Ok(out)
+}
+
+/// `out.pickle` for one resource; `out.pool.pickle` when there are several.
+fn snapshot_path(path: &Path, kind: ResourceKind, several: bool) -> PathBuf {
+    if !several {
+        return path.to_owned();
+    }
+    let stem = path
+        .file_stem()
+        .map_or_else(Default::default, |s| s.to_string_lossy().into_owned());
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.{kind}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.{kind}"),
+    };
+    path.with_file_name(name)
 }
 
 /// Bytes from `4096`, `64KiB`, `1.5GiB`, `2G` (binary) or `2GB` (decimal).

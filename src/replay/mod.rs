@@ -9,23 +9,29 @@
 //! | step | module |
 //! |---|---|
 //! | CSV -> events, with line numbers | [`parse`] |
+//! | PyTorch snapshot -> events (`--format torch`) | [`torch`] |
 //! | events -> checked plan (slots, threads, streams) | [`plan`](mod@plan) |
 //! | `--resource` -> the resource and its streams | [`target`] |
 //! | the threaded replay and its report | [`run`], [`report`] |
+//! | bytes over time for `--plot` | [`timeline`] |
 //! | the command line | [`cli`] |
 
 pub mod cli;
+mod observe;
 pub mod parse;
 pub mod plan;
+pub mod plot;
 pub mod report;
 pub mod run;
 pub(crate) mod sequencer;
 pub mod target;
+pub mod timeline;
+pub mod torch;
 
 pub use parse::{parse_log, read_log, LogEvent};
 pub use plan::{plan, Op, Plan, Step};
 pub use report::{FirstFailure, ReplayReport};
-pub use run::replay;
+pub use run::{replay, replay_sampled};
 pub use target::{
     build_target, LargeUpstream, NoteProbe, ResourceKind, ResourceOptions, SizeProbe, Target,
 };

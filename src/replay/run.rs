@@ -10,6 +10,7 @@ use super::plan::{Op, Plan};
 use super::report::{FirstFailure, ReplayReport};
 use super::sequencer::Sequencer;
 use super::target::Target;
+use super::timeline::Sampler;
 use crate::adaptor::StatisticsResourceAdaptor;
 use crate::error::Result;
 use crate::resource::{MemoryResource, SharedResource, DEFAULT_ALIGNMENT};
@@ -37,6 +38,17 @@ struct Shared<'a> {
 /// Replays `plan` on `target` and reports. Failed allocations are counted (their frees skipped),
 /// never fatal; see [`ReplayReport::succeeded`]. Blocks the log leaves live are freed at the end.
 pub fn replay(plan: &Plan, target: &Target, progress: bool) -> Result<ReplayReport> {
+    replay_sampled(plan, target, progress, None)
+}
+
+/// [`replay`], recording live (and, where the sampler can read them, reserved) bytes after the
+/// steps `sampler` picks.
+pub fn replay_sampled(
+    plan: &Plan,
+    target: &Target,
+    progress: bool,
+    sampler: Option<&Sampler>,
+) -> Result<ReplayReport> {
     let steps = plan.steps.len();
     let bar = if progress && steps >= PROGRESS_MIN_STEPS {
         let bar = ProgressBar::with_draw_target(Some(steps as u64), ProgressDrawTarget::stderr());
@@ -81,6 +93,11 @@ pub fn replay(plan: &Plan, target: &Target, progress: bool) -> Result<ReplayRepo
                         return;
                     }
                     shared.run_step(i);
+                    if let Some(s) = sampler {
+                        s.step(i, i + 1 == plan.steps.len(), || {
+                            shared.mr.bytes_counter().value.max(0) as usize
+                        });
+                    }
                     if i % PROGRESS_STRIDE == 0 {
                         shared.bar.set_position(i as u64);
                     }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::adaptor::StatisticsResourceAdaptor;
+use crate::adaptor::{StatisticsResourceAdaptor, TrackingResourceAdaptor};
 use crate::driver::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::resource::{
@@ -130,6 +130,9 @@ pub struct Target {
     _owned_streams: Vec<Stream>,
     /// The device to synchronise at the end, for GPU resources.
     pub device: Option<Device>,
+    /// For suballocators: their upstream, tracked, so the replay can report what they reserve
+    /// (its outstanding bytes) and snapshot their segments.
+    pub upstream: Option<TrackingResourceAdaptor<SharedResource>>,
 }
 
 impl fmt::Debug for Target {
@@ -159,6 +162,7 @@ impl Target {
             notes: None,
             _owned_streams: Vec::new(),
             device: None,
+            upstream: None,
         }
     }
 
@@ -166,6 +170,12 @@ impl Target {
     pub fn streams(&self) -> &[StreamRef<'_>] {
         &self.streams
     }
+}
+
+/// `upstream` behind a tracker (cheap: suballocators call their upstream rarely), and the tracker.
+fn tracked(upstream: SharedResource) -> (SharedResource, TrackingResourceAdaptor<SharedResource>) {
+    let tracker = TrackingResourceAdaptor::new(upstream, false);
+    (Arc::new(tracker.clone()), tracker)
 }
 
 /// Builds the resource `opts` names, and a stream for each of `logged_streams` (logged ids: `0` is
@@ -325,6 +335,7 @@ fn expandable_resource<B: PhysicalBacking>(r: ExpandableMemoryResource<B>) -> Pr
         resource: Arc::new(r),
         fragmentation: None,
         peak_reserved: Some(Box::new(move || peak.stats().peak_physical)),
+        upstream: None,
         notes: Some(Box::new(move || {
             let s = notes.stats();
             format!(
@@ -354,6 +365,7 @@ fn virtual_resource<B: PhysicalBacking>(r: VirtualMemoryResource<B>) -> Probes {
         peak_reserved: Some(Box::new(move || peak.stats().peak_mapped)),
         // Free pages anywhere can be moved together: the largest request that fits.
         largest_free: Some(Box::new(move || hole.stats().mappable)),
+        upstream: None,
         notes: Some(Box::new(move || {
             let s = notes.stats();
             format!(
@@ -372,7 +384,9 @@ fn counted_suballocator<U: crate::resource::MemoryResource + 'static>(
     upstream: U,
 ) -> Result<Probes> {
     let counted = StatisticsResourceAdaptor::new(upstream);
-    let mut p = suballocator(opts, Arc::new(counted.clone()))?;
+    let (up, tracker) = tracked(Arc::new(counted.clone()));
+    let mut p = suballocator(opts, up)?;
+    p.upstream = Some(tracker);
     p.peak_reserved = Some(Box::new(move || {
         counted.bytes_counter().peak.max(0) as usize
     }));
@@ -457,6 +471,7 @@ struct Probes {
     peak_reserved: Option<SizeProbe>,
     largest_free: Option<SizeProbe>,
     notes: Option<NoteProbe>,
+    upstream: Option<TrackingResourceAdaptor<SharedResource>>,
 }
 
 impl Probes {
@@ -467,6 +482,7 @@ impl Probes {
             peak_reserved: None,
             largest_free: None,
             notes: None,
+            upstream: None,
         }
     }
 
@@ -487,6 +503,7 @@ impl Probes {
             notes: self.notes,
             _owned_streams: owned,
             device,
+            upstream: self.upstream,
         }
     }
 }

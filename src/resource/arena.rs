@@ -305,11 +305,12 @@ impl<R: MemoryResource> Drop for Inner<R> {
             for (base, _) in core.index.chunks() {
                 if let Some(ptr) = NonNull::new(base as *mut u8) {
                     // SAFETY: every superblock came from the global arena with this size; the
-                    // last handle is going away. Drop cannot report.
-                    let _ = unsafe {
+                    // last handle is going away.
+                    let r = unsafe {
                         self.global
                             .deallocate(StreamRef::DEFAULT, ptr, self.superblock, GRAIN)
                     };
+                    crate::deferred::record("ArenaMemoryResource drop: returning a superblock", r);
                 }
             }
         }

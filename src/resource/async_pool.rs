@@ -518,11 +518,17 @@ unsafe impl MemoryResource for AsyncMemoryResource {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if self.owned && self.device.bind().is_ok() {
+        if !self.owned {
+            return;
+        }
+        let r = self.device.bind().and_then(|()| {
             // SAFETY: we created the pool and this is its last handle. The driver defers the
             // release until blocks still allocated from it are freed.
-            let _ = unsafe { sys::cuMemPoolDestroy(self.pool.0) };
-        }
+            unsafe { sys::cuMemPoolDestroy(self.pool.0) }
+                .result()
+                .map_err(|e| Error::driver("cuMemPoolDestroy", e))
+        });
+        crate::deferred::record("AsyncMemoryResource drop: destroying its pool", r);
     }
 }
 

@@ -129,8 +129,8 @@ impl<T: Pod, R: MemoryResource> HostBuffer<T, R> {
 
 impl<T: Pod, R: MemoryResource> Drop for HostBuffer<T, R> {
     fn drop(&mut self) {
-        // Drop cannot report: callers who care use `free`.
-        let _ = self.release();
+        // Drop cannot report (callers who care use `free`): record it for `take_deferred_error`.
+        crate::deferred::record("HostBuffer drop", self.release());
     }
 }
 

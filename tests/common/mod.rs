@@ -166,3 +166,12 @@ pub fn run_ops<M: MemoryResource + ?Sized>(
     check().unwrap();
     assert_eq!(in_use(), 0, "bytes in use after freeing everything");
 }
+
+/// Proptest cases: `default`, or `PROPTEST_CASES` when set (for long fuzzing runs, see
+/// RELIABILITY.md).
+pub fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

@@ -606,8 +606,10 @@ unsafe impl<R: MemoryResource> MemoryResource for FixedSizeMemoryResource<R> {
 impl<R: MemoryResource> Drop for Inner<R> {
     fn drop(&mut self) {
         // Queued work on any stream may still use blocks; the upstream may reuse slabs at once.
-        // Drop cannot report a failure.
-        let _ = self.order.synchronize_all();
+        crate::deferred::record(
+            "FixedSizeMemoryResource drop: waiting for streams",
+            self.order.synchronize_all(),
+        );
         let span = self.per_slab as usize * self.stride;
         for n in 0..self.slab_count.load(Ordering::Acquire) {
             let raw = self.slabs[n].load(Ordering::Acquire);
@@ -615,11 +617,12 @@ impl<R: MemoryResource> Drop for Inner<R> {
             let slab = unsafe { Box::from_raw(std::ptr::with_exposed_provenance_mut::<Slab>(raw)) };
             if let Some(ptr) = NonNull::new(slab.base as *mut u8) {
                 // SAFETY: the slab came from the upstream with this size and alignment; the
-                // last handle is going away. Drop cannot report.
-                let _ = unsafe {
+                // last handle is going away.
+                let r = unsafe {
                     self.upstream
                         .deallocate(StreamRef::DEFAULT, ptr, span, GRAIN)
                 };
+                crate::deferred::record("FixedSizeMemoryResource drop: returning a slab", r);
             }
         }
     }

@@ -125,8 +125,8 @@ impl<'a> HostRegistration<'a> {
 
 impl Drop for HostRegistration<'_> {
     fn drop(&mut self) {
-        // Drop cannot report: callers who care use `unregister`.
-        let _ = self.release();
+        // Drop cannot report (callers who care use `unregister`): record it.
+        crate::deferred::record("HostRegistration drop", self.release());
     }
 }
 

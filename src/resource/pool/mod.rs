@@ -535,19 +535,23 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
 impl<R: MemoryResource> Drop for Inner<R> {
     fn drop(&mut self) {
         // Blocks may still be in use by queued work on any stream; the upstream may reuse the
-        // chunks at once. Drop cannot report a failure.
-        let _ = self.order.synchronize_all();
+        // chunks at once.
+        crate::deferred::record(
+            "PoolMemoryResource drop: waiting for streams",
+            self.order.synchronize_all(),
+        );
         let global = self
             .global
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner);
         for (base, size) in global.chunks() {
             // SAFETY: each chunk came from the upstream with this size and alignment and is
-            // returned once, as the last handle to the pool goes away. Drop cannot report.
-            let _ = unsafe {
+            // returned once, as the last handle to the pool goes away.
+            let r = unsafe {
                 self.upstream
                     .deallocate(StreamRef::DEFAULT, non_null(base), size, GRAIN)
             };
+            crate::deferred::record("PoolMemoryResource drop: returning a chunk", r);
         }
     }
 }
