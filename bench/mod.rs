@@ -9,6 +9,8 @@ mod driver_pool;
 pub mod plot;
 pub mod random_allocations;
 pub mod table;
+pub mod trace_replay;
+pub mod virtual_growth;
 
 use clap::{Args, ValueEnum};
 
@@ -37,6 +39,10 @@ pub enum Workload {
     RandomAllocations,
     /// In-kernel allocation: carve's slab and bump against CUDA malloc and atomicAdd.
     DeviceAlloc,
+    /// Allocation traces replayed on every resource: ns/op, peak reserved and its ratio.
+    TraceReplay,
+    /// The growth cost of the virtual-memory resource and the expandable pool vs cuMemAlloc.
+    VirtualGrowth,
 }
 
 /// Runs the chosen workloads, printing each table as it completes.
@@ -46,6 +52,8 @@ pub fn run(args: &BenchArgs) -> carve::Result<()> {
         Workload::AdaptorOverhead,
         Workload::RandomAllocations,
         Workload::DeviceAlloc,
+        Workload::TraceReplay,
+        Workload::VirtualGrowth,
     ];
     let chosen = if args.workloads.is_empty() {
         &all[..]
@@ -59,6 +67,8 @@ pub fn run(args: &BenchArgs) -> carve::Result<()> {
             Workload::AdaptorOverhead => vec![adaptor_overhead::run(args.quick)?],
             Workload::RandomAllocations => random_allocations::run(args.quick)?,
             Workload::DeviceAlloc => vec![device_alloc::run(args.quick)?],
+            Workload::TraceReplay => trace_replay::run(args.quick)?,
+            Workload::VirtualGrowth => vec![virtual_growth::run(args.quick)?],
         };
         for t in &tables {
             t.print();

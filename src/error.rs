@@ -105,6 +105,15 @@ pub enum Error {
     /// Any other argument a call cannot accept.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A resource that cannot allocate on a stream being captured into a CUDA graph was asked
+    /// to (its driver calls would invalidate the capture).
+    #[error("{resource} cannot allocate on a stream being captured into a CUDA graph: {detail}")]
+    StreamCapture {
+        /// The resource that refused.
+        resource: &'static str,
+        /// Which stream, in which capture, and what to use instead.
+        detail: String,
+    },
     /// The operation is not available on this resource, device or build.
     #[error("unsupported: {0}")]
     Unsupported(String),

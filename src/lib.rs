@@ -82,6 +82,7 @@ pub use resource::{
     AsyncMemoryResource, AsyncPoolOptions, Location, ManagedBuffer, ManagedMemoryResource,
     PinnedBuffer, PinnedFlags, PinnedHostMemoryResource,
 };
+pub use resource::{ExpandableMemoryResource, GraphSafeMemoryResource, VirtualMemoryResource};
 pub use stream::{StreamId, StreamRef};
 
 /// Re-exported so users name the same cudarc version carve links.

@@ -15,11 +15,13 @@ use carve::adaptor::{
     TrackingResourceAdaptor,
 };
 use carve::resource::{
-    ArenaOptions, Bin, FixedSizeOptions, PoolOptions, RecordingOrder, StreamOrder,
+    ArenaOptions, Bin, ExpandableOptions, FixedSizeOptions, HostBacking, PoolOptions,
+    RecordingOrder, StreamOrder, VirtualOptions,
 };
 use carve::{
-    ArenaMemoryResource, BinningMemoryResource, FixedSizeMemoryResource, HostMemoryResource,
-    MemoryResource, PoolMemoryResource, SimulatedMemoryResource, StreamRef,
+    ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, FixedSizeMemoryResource,
+    HostMemoryResource, MemoryResource, PoolMemoryResource, SimulatedMemoryResource, StreamRef,
+    VirtualMemoryResource,
 };
 use conformance::{recorded_stream_order, Env, Subject, Usage};
 
@@ -189,6 +191,21 @@ fn binning_default(_: &Cpu) -> Subject<BinningMemoryResource<HostMemoryResource>
         )
 }
 
+/// Bins as `BinningMemoryResource::over_pool` builds them (4 MiB refills, so over uncapped host
+/// memory): requests above the largest bin go to a pool over the same upstream, not to the
+/// upstream one by one.
+fn binning_over_pool(
+    _: &Cpu,
+) -> Subject<BinningMemoryResource<PoolMemoryResource<HostMemoryResource>>> {
+    let mr =
+        BinningMemoryResource::over_pool(HostMemoryResource::new(), 8, 12, PoolOptions::new(0))
+            .unwrap();
+    Subject::new(mr)
+        .no_usage("its bins are type-erased resources; count with a StatisticsResourceAdaptor")
+        .frees_at_once("bins and pool over host memory use host ordering: nothing to wait for")
+        .size_mismatch_unchecked("a size in the same bin frees the block: bins hold one size")
+}
+
 fn arena(env: &Cpu) -> Subject<ArenaMemoryResource<Up>> {
     let opts = ArenaOptions {
         superblock_size: 64 << 10,
@@ -197,6 +214,57 @@ fn arena(env: &Cpu) -> Subject<ArenaMemoryResource<Up>> {
     };
     Subject::new(ArenaMemoryResource::new(env.upstream.clone(), opts).unwrap())
         .usage(|r| Usage::bytes(r.stats().bytes_in_use))
+        .invariants(|r| r.check_invariants())
+        .recorded(&env.order)
+}
+
+// The virtual-memory resources, over host memory files mapped into a host reservation (real,
+// writable memory) with 16 KiB chunks, bounded by [`LIMIT`].
+
+fn virtual_usage(r: &VirtualMemoryResource<HostBacking>) -> Usage {
+    let s = r.stats();
+    Usage::new(s.bytes_in_use, s.live_blocks)
+}
+
+fn virtual_whole_chunks(env: &Cpu) -> Subject<VirtualMemoryResource<HostBacking>> {
+    let opts = VirtualOptions::new()
+        .maximum(LIMIT)
+        .chunk_size(16 << 10)
+        .order(env.order());
+    Subject::new(VirtualMemoryResource::new(HostBacking::new(4096).unwrap(), opts).unwrap())
+        .usage(virtual_usage)
+        .invariants(|r| r.check_invariants())
+        .recorded(&env.order)
+        .size_mismatch_unchecked("blocks are whole chunks: a size of the same chunk count frees it")
+}
+
+fn virtual_expandable(env: &Cpu) -> Subject<VirtualMemoryResource<HostBacking>> {
+    let opts = VirtualOptions::expandable()
+        .maximum(LIMIT)
+        .chunk_size(16 << 10)
+        .order(env.order());
+    Subject::new(VirtualMemoryResource::new(HostBacking::new(4096).unwrap(), opts).unwrap())
+        .usage(virtual_usage)
+        .invariants(|r| r.check_invariants())
+        .recorded(&env.order)
+}
+
+fn expandable(env: &Cpu) -> Subject<ExpandableMemoryResource<HostBacking>> {
+    let opts = ExpandableOptions {
+        maximum: Some(LIMIT),
+        small_limit: Some(64 << 10),
+        small_chunk: Some(16 << 10),
+        large_chunk: Some(128 << 10),
+        order: Some(env.order()),
+    };
+    Subject::new(ExpandableMemoryResource::new(HostBacking::new(4096).unwrap(), opts).unwrap())
+        .usage(|r| {
+            let s = r.stats();
+            Usage::new(
+                s.small.bytes_in_use + s.large.bytes_in_use,
+                s.small.live_blocks + s.large.live_blocks,
+            )
+        })
         .invariants(|r| r.check_invariants())
         .recorded(&env.order)
 }
@@ -276,7 +344,11 @@ conformance_suite! { cpu;
     fixed_size => fixed_size,
     binning => binning,
     binning_default => binning_default,
+    binning_over_pool => binning_over_pool,
     arena => arena,
+    virtual_whole_chunks => virtual_whole_chunks,
+    virtual_expandable => virtual_expandable,
+    expandable => expandable,
     limiting => limiting,
     statistics => statistics,
     tracking => tracking,

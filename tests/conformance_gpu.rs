@@ -20,11 +20,15 @@ use std::time::Duration;
 
 use carve::adaptor::PrefetchResourceAdaptor;
 use carve::cudarc::driver::sys;
-use carve::resource::{ArenaOptions, CudaOrder, FixedSizeOptions, PoolOptions, StreamOrder};
+use carve::resource::{
+    ArenaOptions, CudaBacking, CudaBackingOptions, CudaOrder, ExpandableOptions, FixedSizeOptions,
+    PoolOptions, StreamOrder, VirtualOptions,
+};
 use carve::{
     ArenaMemoryResource, AsyncMemoryResource, AsyncPoolOptions, CudaMemoryResource, Device, Error,
-    FixedSizeMemoryResource, ManagedMemoryResource, MemoryResource, PinnedFlags,
-    PinnedHostMemoryResource, PoolMemoryResource, Stream, StreamRef,
+    ExpandableMemoryResource, FixedSizeMemoryResource, GraphSafeMemoryResource,
+    ManagedMemoryResource, MemoryResource, PinnedFlags, PinnedHostMemoryResource,
+    PoolMemoryResource, Stream, StreamRef, VirtualMemoryResource,
 };
 use conformance::{note, Env, Subject, Usage, STREAMS};
 
@@ -140,6 +144,50 @@ fn arena_over_cuda(env: &Gpu) -> Subject<ArenaMemoryResource<CudaMemoryResource>
         .invariants(|r| r.check_invariants())
 }
 
+// The virtual-memory resources and graph-safe allocation.
+
+fn virtual_on_device(env: &Gpu) -> Subject<VirtualMemoryResource<CudaBacking>> {
+    let opts = VirtualOptions::new().maximum(1 << 30).order(env.order());
+    let mr = VirtualMemoryResource::on_device(&env.dev, CudaBackingOptions::default(), opts);
+    Subject::new(mr.unwrap())
+        .usage(|r| {
+            let s = r.stats();
+            Usage::new(s.bytes_in_use, s.live_blocks)
+        })
+        .invariants(|r| r.check_invariants())
+        .size_mismatch_unchecked("blocks are whole chunks: a size of the same chunk count frees it")
+}
+
+fn expandable_on_device(env: &Gpu) -> Subject<ExpandableMemoryResource<CudaBacking>> {
+    let opts = ExpandableOptions {
+        maximum: Some(512 << 20),
+        order: Some(env.order()),
+        ..ExpandableOptions::default()
+    };
+    let mr = ExpandableMemoryResource::on_device(&env.dev, CudaBackingOptions::default(), opts);
+    Subject::new(mr.unwrap())
+        .usage(|r| {
+            let s = r.stats();
+            Usage::new(
+                s.small.bytes_in_use + s.large.bytes_in_use,
+                s.small.live_blocks + s.large.live_blocks,
+            )
+        })
+        .invariants(|r| r.check_invariants())
+}
+
+/// Outside any capture, graph-safe allocation is its upstream's (here cuMemAlloc's).
+fn graph_safe_over_cuda(env: &Gpu) -> Subject<GraphSafeMemoryResource<CudaMemoryResource>> {
+    Subject::new(GraphSafeMemoryResource::new(CudaMemoryResource::new(
+        &env.dev,
+    )))
+    .max_align(256)
+    .no_usage("cuMemAlloc keeps no count of its own")
+    .size_mismatch_accepted("cuMemFree takes no size")
+    .double_free_unchecked("as cuMemFree: the caller must not free twice")
+    .sibling_accepted("every CudaMemoryResource of a device frees any cuMemAlloc pointer")
+}
+
 // Adaptors that need a GPU.
 
 fn prefetch_over_managed(env: &Gpu) -> Subject<PrefetchResourceAdaptor<ManagedMemoryResource>> {
@@ -163,6 +211,9 @@ conformance_suite! { gpu;
     pool_over_cuda => pool_over_cuda,
     fixed_size_over_cuda => fixed_size_over_cuda,
     arena_over_cuda => arena_over_cuda,
+    virtual_on_device => virtual_on_device,
+    expandable_on_device => expandable_on_device,
+    graph_safe_over_cuda => graph_safe_over_cuda,
     prefetch_over_managed => prefetch_over_managed,
 }
 

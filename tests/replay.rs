@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 
 use carve::adaptor::{LoggingResourceAdaptor, StatisticsResourceAdaptor};
 use carve::replay::cli::{replay_file, ReplayArgs};
-use carve::replay::{build_target, parse_log, plan, replay, ResourceKind, ResourceOptions, Target};
+use carve::replay::{
+    build_target, parse_log, plan, replay, LargeUpstream, ResourceKind, ResourceOptions, Target,
+};
 use carve::{Error, HostMemoryResource, MemoryResource, Properties, StreamId, StreamRef};
 
 const GIB: usize = 1 << 30;
@@ -35,6 +37,7 @@ fn args(log: &Path, kind: ResourceKind) -> ReplayArgs {
         initial_size: None,
         maximum_size: None,
         block_size: None,
+        large_upstream: LargeUpstream::Pool,
         simulate_capacity: None,
         no_progress: true,
         snapshot: None,
@@ -417,4 +420,98 @@ fn cli_exit_status_reflects_failures() {
         .output()
         .unwrap();
     assert!(!bad.status.success());
+}
+
+/// The case that defeats every allocator with fixed addresses: free memory in two separate
+/// 1 GiB holes, then a 2 GiB request. The expandable pool moves the free pages' memory and
+/// serves it within the same 4 GiB; the report says what each resource reserved.
+#[test]
+fn expandable_serves_a_request_larger_than_any_hole() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = GIB as u64;
+    let log = write_log(
+        dir.path(),
+        "holes.csv",
+        &[
+            row(1, "allocate", g, GIB, "0"),
+            row(1, "allocate", 2 * g, GIB, "0"),
+            row(1, "allocate", 3 * g, GIB, "0"),
+            row(1, "allocate", 4 * g, GIB, "0"),
+            row(1, "free", g, GIB, "0"),
+            row(1, "free", 3 * g, GIB, "0"),
+            row(1, "allocate", 5 * g, 2 * GIB, "0"),
+        ],
+    );
+    let mut a = args(&log, ResourceKind::Expandable);
+    a.simulate_capacity = Some(4 * GIB);
+    let report = replay_file(&a).unwrap();
+    assert!(report.succeeded(), "{report}");
+    assert_eq!(report.peak_reserved, Some(4 * GIB));
+    let text = report.to_string();
+    assert!(
+        text.contains("peak reserved 4294967296 bytes (4096.0 MiB), 1.00× the logical peak"),
+        "{text}"
+    );
+    assert!(
+        text.contains("large range (32 MiB) 128 created, 64 moved"),
+        "{text}"
+    );
+
+    // The virtual resource (whole chunks per block) does the same.
+    a.resource = vec![ResourceKind::Virtual];
+    assert!(replay_file(&a).unwrap().succeeded());
+
+    // A pool over the same memory cannot: the first failure names the largest hole.
+    a.resource = vec![ResourceKind::Pool];
+    let report = replay_file(&a).unwrap();
+    assert_eq!(report.failed_allocations, 1, "{report}");
+    let ff = report.first_failure.unwrap();
+    assert_eq!(
+        ff.largest_free,
+        Some(0),
+        "the device has no free range left"
+    );
+    assert_eq!(report.peak_reserved, Some(4 * GIB));
+
+    // Too little memory is still a failure (the fourth block), with the largest request that
+    // could be mapped; the 2 GiB request then fits in the two freed blocks' memory.
+    a.resource = vec![ResourceKind::Expandable];
+    a.simulate_capacity = Some(3 * GIB);
+    let report = replay_file(&a).unwrap();
+    assert_eq!(report.failed_allocations, 1, "{report}");
+    let ff = report.first_failure.clone().unwrap();
+    assert_eq!((ff.line, ff.largest_free), (5, Some(0)));
+    assert!(
+        report.to_string().contains("largest free hole 0 bytes"),
+        "{report}"
+    );
+}
+
+/// Every resource replays the committed synthetic transformer trace over simulated memory and
+/// reports a peak reserved of at least the logical peak; the expandable pool stays within 5 %.
+#[test]
+fn every_resource_reports_its_peak_reserved_on_the_synthetic_trace() {
+    let log = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/synthetic_transformer.csv");
+    for kind in [
+        ResourceKind::Cuda,
+        ResourceKind::Pool,
+        ResourceKind::Arena,
+        ResourceKind::Binning,
+        ResourceKind::Virtual,
+        ResourceKind::Expandable,
+    ] {
+        let mut a = args(&log, kind);
+        a.simulate_capacity = Some(16 * GIB);
+        let report = replay_file(&a).unwrap();
+        assert!(report.succeeded(), "{kind}: {report}");
+        assert_eq!(report.peak_bytes, report.logged_peak_bytes, "{kind}");
+        let reserved = report.peak_reserved.expect("every resource can tell");
+        assert!(reserved >= report.peak_bytes, "{kind}: {report}");
+        if kind == ResourceKind::Expandable {
+            assert!(
+                reserved as f64 <= 1.05 * report.peak_bytes as f64,
+                "{kind}: {report}"
+            );
+        }
+    }
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use carve::adaptor::{LoggingResourceAdaptor, StatisticsResourceAdaptor, TrackingResourceAdaptor};
 use carve::replay::cli::{replay_all, ReplayArgs};
-use carve::replay::ResourceKind;
+use carve::replay::{LargeUpstream, ResourceKind};
 use carve::snapshot::Snapshot;
 use carve::{HostMemoryResource, MemoryResource, StreamRef};
 
@@ -35,6 +35,7 @@ fn args(log: &Path, kinds: &[ResourceKind]) -> ReplayArgs {
         initial_size: None,
         maximum_size: None,
         block_size: None,
+        large_upstream: LargeUpstream::Pool,
         simulate_capacity: Some(1 << 30),
         no_progress: true,
         snapshot: None,

@@ -7,10 +7,12 @@ mod common;
 
 use std::sync::Arc;
 
-use carve::resource::{ArenaOptions, FixedSizeOptions, PoolOptions};
+use carve::resource::{
+    ArenaOptions, ExpandableOptions, FixedSizeOptions, HostBacking, PoolOptions, VirtualOptions,
+};
 use carve::{
-    ArenaMemoryResource, BinningMemoryResource, FixedSizeMemoryResource, HostMemoryResource,
-    MemoryResource, PoolMemoryResource,
+    ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, FixedSizeMemoryResource,
+    HostMemoryResource, MemoryResource, PoolMemoryResource, VirtualMemoryResource,
 };
 use common::{run_ops, Op};
 use proptest::prelude::*;
@@ -50,6 +52,34 @@ proptest! {
             host.allocated_bytes() % 256
         };
         run_ops(&mr, &ops, true, &|| Ok(()), &large_live);
+    }
+
+    /// Over real host pages (memory files mapped into a reservation), so the data checks see
+    /// any page unmapped or moved under a live block.
+    #[test]
+    fn virtual_matches_the_model(ops in ops(60_000, 14), expandable: bool) {
+        let options = if expandable { VirtualOptions::expandable() } else { VirtualOptions::new() };
+        let mr = VirtualMemoryResource::new(
+            HostBacking::new(4096).unwrap(),
+            options.maximum(16 << 20).chunk_size(16 << 10),
+        )
+        .unwrap();
+        run_ops(&mr, &ops, true, &|| mr.check_invariants(), &|| mr.stats().bytes_in_use);
+        prop_assert_eq!(mr.stats().live_blocks, 0);
+    }
+
+    #[test]
+    fn expandable_matches_the_model(ops in ops(40_000, 12)) {
+        let options = ExpandableOptions {
+            maximum: Some(64 << 20),
+            small_limit: Some(8 << 10),
+            ..ExpandableOptions::default()
+        };
+        let mr = ExpandableMemoryResource::new(HostBacking::new(4096).unwrap(), options).unwrap();
+        run_ops(&mr, &ops, true, &|| mr.check_invariants(), &|| {
+            let s = mr.stats();
+            s.small.bytes_in_use + s.large.bytes_in_use
+        });
     }
 
     #[test]
@@ -112,4 +142,28 @@ fn binning_with_a_custom_bin_routes_by_size() {
         1,
         "only the pool's initial chunk stays upstream"
     );
+}
+
+/// `over_pool`: requests above the largest bin go to a pool, so a run of large requests takes
+/// a few chunks from the upstream, not one allocation each.
+#[test]
+fn binning_over_a_pool_sends_large_requests_to_the_pool() {
+    let host = HostMemoryResource::new();
+    let mr = BinningMemoryResource::over_pool(host.clone(), 8, 12, PoolOptions::new(0)).unwrap();
+    let s = common::stream(0);
+    let large: Vec<_> = (0..64)
+        .map(|_| mr.allocate(s, 100_000, 256).unwrap())
+        .collect();
+    assert!(
+        host.allocation_count() <= 8,
+        "{} upstream allocations for 64 large requests",
+        host.allocation_count()
+    );
+    assert_eq!(mr.upstream().stats().live_blocks, 64);
+    for p in large {
+        // SAFETY: from `mr` with these arguments, freed once.
+        unsafe { mr.deallocate(s, p, 100_000, 256) }.unwrap();
+    }
+    mr.upstream().check_invariants().unwrap();
+    assert_eq!(mr.upstream().stats().bytes_in_use, 0);
 }

@@ -5,6 +5,7 @@
 //! call panics on a machine without a driver. Devices are interned: [`Device::get`] returns the
 //! same handle (and the same loaded module) for an ordinal every time.
 
+pub mod capture;
 mod device;
 mod link;
 mod module;

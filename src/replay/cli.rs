@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::target::{build_target, ResourceKind, ResourceOptions};
+use super::target::{build_target, LargeUpstream, ResourceKind, ResourceOptions};
 use super::timeline::Timeline;
 use super::torch::{read_events, LogFormat};
 use super::{plan, ReplayReport};
@@ -27,12 +27,17 @@ pub struct ReplayArgs {
     /// Initial pool size for suballocators (e.g. 1GiB, 512MiB, 4096).
     #[arg(long, value_parser = parse_size)]
     pub initial_size: Option<usize>,
-    /// Maximum pool size for suballocators.
+    /// Maximum pool size for suballocators; most physical memory mapped for virtual and
+    /// expandable.
     #[arg(long, value_parser = parse_size)]
     pub maximum_size: Option<usize>,
-    /// Block size (fixed) or largest bin (binning).
+    /// Block size (fixed), largest bin (binning), chunk size (virtual) or large-page size
+    /// (expandable).
     #[arg(long, value_parser = parse_size)]
     pub block_size: Option<usize>,
+    /// Binning: where requests above the largest bin go.
+    #[arg(long, value_enum, default_value_t = LargeUpstream::Pool)]
+    pub large_upstream: LargeUpstream,
     /// Replay over address-only simulated memory of this many GiB: no GPU needed, answers
     /// "would this log fit on a card this size with this resource?".
     #[arg(long, value_name = "GiB", value_parser = parse_gib)]
@@ -76,6 +81,7 @@ impl ReplayArgs {
             initial_size: self.initial_size,
             maximum_size: self.maximum_size,
             block_size: self.block_size,
+            large_upstream: self.large_upstream,
             simulate_capacity: self.simulate_capacity,
         }
     }

@@ -47,8 +47,13 @@ pub(crate) fn replay_one(
     let timeline = sampler.map(|s| {
         let mut t = s.finish(kind.to_string());
         // cuMemAlloc and host memory reserve exactly what they hand out; the driver pool's
-        // reserve is the driver's business, so it is left out.
-        if target.upstream.is_none() && kind != ResourceKind::Async {
+        // reserve is the driver's business, and the virtual resources map pages of their own
+        // (their peak is in the report), so those are left out.
+        let own_reserve = matches!(
+            kind,
+            ResourceKind::Async | ResourceKind::Virtual | ResourceKind::Expandable
+        );
+        if target.upstream.is_none() && !own_reserve {
             for p in &mut t.points {
                 p.2 = Some(p.1);
             }

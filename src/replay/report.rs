@@ -14,6 +14,9 @@ pub struct FirstFailure {
     pub in_use: usize,
     /// Fragmentation of the resource at that moment (`1 - largest free / free`), when known.
     pub fragmentation: Option<f64>,
+    /// The largest request the resource could have served at that moment (its largest free
+    /// hole), when known.
+    pub largest_free: Option<usize>,
     /// The resource's error.
     pub error: String,
 }
@@ -35,6 +38,11 @@ pub struct ReplayReport {
     pub peak_bytes: usize,
     /// Highest bytes held at once according to the log.
     pub logged_peak_bytes: usize,
+    /// The most bytes the resource took from its upstream (the device) at once, when it can
+    /// tell: what a user must have free to run this log with this resource.
+    pub peak_reserved: Option<usize>,
+    /// What the resource says about its own work (chunks mapped and moved), when it can.
+    pub resource_notes: Option<String>,
     /// Wall time of the replayed steps (setup and final cleanup excluded).
     pub elapsed: Duration,
     /// Allocations the resource refused.
@@ -79,6 +87,22 @@ impl fmt::Display for ReplayReport {
             self.logged_peak_bytes,
             mib(self.logged_peak_bytes)
         )?;
+        if let Some(reserved) = self.peak_reserved {
+            let ratio = if self.peak_bytes > 0 {
+                format!("{:.2}×", reserved as f64 / self.peak_bytes as f64)
+            } else {
+                "n/a".to_owned()
+            };
+            writeln!(
+                f,
+                "  peak reserved {} bytes ({:.1} MiB), {ratio} the logical peak",
+                reserved,
+                mib(reserved)
+            )?;
+        }
+        if let Some(notes) = &self.resource_notes {
+            writeln!(f, "  resource     {notes}")?;
+        }
         let per_op = if ops > 0 {
             self.elapsed.as_nanos() as f64 / ops as f64
         } else {
@@ -101,9 +125,12 @@ impl fmt::Display for ReplayReport {
             let frag = ff
                 .fragmentation
                 .map_or("unknown".to_owned(), |x| format!("{:.1} %", x * 100.0));
+            let hole = ff.largest_free.map_or("unknown".to_owned(), |h| {
+                format!("{h} bytes ({:.1} MiB)", mib(h))
+            });
             writeln!(
                 f,
-                "  first failure: line {}, {} bytes, with {} bytes ({:.1} MiB) in use, fragmentation {frag}: {}",
+                "  first failure: line {}, {} bytes, with {} bytes ({:.1} MiB) in use, fragmentation {frag}, largest free hole {hole}: {}",
                 ff.line,
                 ff.bytes,
                 ff.in_use,

@@ -113,11 +113,16 @@ pub fn replay_sampled(
     shared.bar.finish_and_clear();
 
     let peak = shared.mr.bytes_counter().peak;
+    let peak_reserved = target.peak_reserved.as_ref().map(|f| f());
+    let resource_notes = target.notes.as_ref().map(|f| f());
     shared.free_leftovers();
     if let Some(dev) = &target.device {
         dev.synchronize()?;
     }
-    Ok(shared.report(peak, elapsed))
+    let mut report = shared.report(peak, elapsed);
+    report.peak_reserved = peak_reserved;
+    report.resource_notes = resource_notes;
+    Ok(report)
 }
 
 /// Ends the sequence if a worker panics, so the others do not wait for it forever.
@@ -157,6 +162,7 @@ impl Shared<'_> {
                                 bytes,
                                 in_use: self.mr.bytes_counter().value.max(0) as usize,
                                 fragmentation: self.target.fragmentation.as_ref().map(|f| f()),
+                                largest_free: self.target.largest_free.as_ref().map(|f| f()),
                                 error: e.to_string(),
                             });
                         }
@@ -220,6 +226,8 @@ impl Shared<'_> {
             streams: self.plan.streams.len(),
             peak_bytes: peak.max(0) as usize,
             logged_peak_bytes: self.plan.logged_peak,
+            peak_reserved: None,
+            resource_notes: None,
             elapsed,
             failed_allocations: self.failed_allocs.load(Ordering::Relaxed),
             first_failure: self

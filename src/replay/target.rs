@@ -3,13 +3,15 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::adaptor::TrackingResourceAdaptor;
+use crate::adaptor::{StatisticsResourceAdaptor, TrackingResourceAdaptor};
 use crate::driver::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::resource::{
     ArenaMemoryResource, ArenaOptions, AsyncMemoryResource, BinningMemoryResource,
-    CudaMemoryResource, FixedSizeMemoryResource, FixedSizeOptions, HostMemoryResource,
+    CudaBackingOptions, CudaMemoryResource, ExpandableMemoryResource, ExpandableOptions,
+    FixedSizeMemoryResource, FixedSizeOptions, HostMemoryResource, PhysicalBacking,
     PoolMemoryResource, PoolOptions, SharedResource, SimulatedMemoryResource,
+    VirtualMemoryResource, VirtualOptions,
 };
 use crate::stream::StreamRef;
 
@@ -30,6 +32,11 @@ pub enum ResourceKind {
     Arena,
     /// carve's fixed-size blocks.
     Fixed,
+    /// carve's virtual-memory resource: one reserved range, whole chunks per block.
+    Virtual,
+    /// carve's expandable pool: growing ranges (small and large requests) whose free pages are
+    /// unmapped and moved where needed.
+    Expandable,
 }
 
 impl ResourceKind {
@@ -52,6 +59,8 @@ impl fmt::Display for ResourceKind {
             ResourceKind::Binning => "binning",
             ResourceKind::Arena => "arena",
             ResourceKind::Fixed => "fixed",
+            ResourceKind::Virtual => "virtual",
+            ResourceKind::Expandable => "expandable",
         };
         f.write_str(name)
     }
@@ -68,8 +77,10 @@ pub struct ResourceOptions {
     pub initial_size: Option<usize>,
     /// Suballocators: maximum pool size.
     pub maximum_size: Option<usize>,
-    /// Fixed: block size; binning: largest bin.
+    /// Fixed: block size; binning: largest bin; virtual and expandable: chunk size.
     pub block_size: Option<usize>,
+    /// Binning: where requests above the largest bin go.
+    pub large_upstream: LargeUpstream,
     /// Replay over address-only memory of this many bytes instead of a device.
     pub simulate_capacity: Option<usize>,
 }
@@ -83,9 +94,20 @@ impl ResourceOptions {
             initial_size: None,
             maximum_size: None,
             block_size: None,
+            large_upstream: LargeUpstream::Pool,
             simulate_capacity: None,
         }
     }
+}
+
+/// `--large-upstream`: where binning sends requests above its largest bin.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LargeUpstream {
+    /// A coalescing pool over the upstream.
+    #[default]
+    Pool,
+    /// The upstream itself, one request at a time (cuMemAlloc on a GPU).
+    Direct,
 }
 
 /// A resource ready to replay on, with the streams logged stream ids map to.
@@ -98,6 +120,12 @@ pub struct Target {
     streams: Vec<StreamRef<'static>>,
     /// Fragmentation now (`1 - largest free / free`), when the resource can tell.
     pub fragmentation: Option<Probe>,
+    /// The most bytes the resource has taken from its upstream (the device) so far.
+    pub peak_reserved: Option<SizeProbe>,
+    /// The largest request the resource's memory could serve now (its largest free hole).
+    pub largest_free: Option<SizeProbe>,
+    /// A line about the resource's own work, for the report (chunks mapped and moved).
+    pub notes: Option<NoteProbe>,
     /// Keeps real streams alive while their `StreamRef`s are in use.
     _owned_streams: Vec<Stream>,
     /// The device to synchronise at the end, for GPU resources.
@@ -129,6 +157,9 @@ impl Target {
             name: name.into(),
             streams,
             fragmentation: None,
+            peak_reserved: None,
+            largest_free: None,
+            notes: None,
             _owned_streams: Vec::new(),
             device: None,
             upstream: None,
@@ -151,54 +182,59 @@ fn tracked(upstream: SharedResource) -> (SharedResource, TrackingResourceAdaptor
 /// the default stream; others get a new stream each on a GPU, a simulated one otherwise).
 pub fn build_target(opts: &ResourceOptions, logged_streams: &[u64]) -> Result<Target> {
     if let Some(capacity) = opts.simulate_capacity {
-        let sim = SimulatedMemoryResource::new(capacity)?;
-        let probe = sim.clone();
-        let mut upstream = None;
-        let (resource, own_probe): (SharedResource, _) = if opts.kind.is_suballocator() {
-            let (up, tracker) = tracked(Arc::new(sim));
-            upstream = Some(tracker);
-            suballocator(opts, up)?
-        } else {
-            // A plain resource over simulated memory is the simulated best-fit allocator itself.
-            (Arc::new(sim), None)
-        };
-        let fragmentation: Probe =
-            own_probe.unwrap_or_else(|| Box::new(move || probe.usage().fragmentation()));
-        return Ok(Target {
-            resource,
-            name: format!(
+        let probes = simulated(opts, capacity)?;
+        return Ok(probes.into_target(
+            format!(
                 "{} over {:.2} GiB of simulated memory",
                 opts.kind,
                 capacity as f64 / (1u64 << 30) as f64
             ),
-            streams: simulated_streams(logged_streams),
-            fragmentation: Some(fragmentation),
-            _owned_streams: Vec::new(),
-            device: None,
-            upstream,
-        });
+            simulated_streams(logged_streams),
+            Vec::new(),
+            None,
+        ));
     }
     if opts.kind == ResourceKind::Host {
-        return Ok(Target {
-            resource: Arc::new(HostMemoryResource::new()),
-            name: "host".to_owned(),
-            streams: simulated_streams(logged_streams),
-            fragmentation: None,
-            _owned_streams: Vec::new(),
-            device: None,
-            upstream: None,
-        });
+        let probes = Probes::plain(Arc::new(HostMemoryResource::new()));
+        return Ok(probes.into_target(
+            "host".to_owned(),
+            simulated_streams(logged_streams),
+            Vec::new(),
+            None,
+        ));
     }
     let device = Device::get(opts.device)?;
-    let mut upstream = None;
-    let (resource, fragmentation): (SharedResource, _) = match opts.kind {
-        ResourceKind::Cuda => (Arc::new(CudaMemoryResource::new(&device)), None),
-        ResourceKind::Async => (Arc::new(AsyncMemoryResource::default_pool(&device)?), None),
-        _ => {
-            let (up, tracker) = tracked(Arc::new(CudaMemoryResource::new(&device)));
-            upstream = Some(tracker);
-            suballocator(opts, up)?
+    let probes = match opts.kind {
+        ResourceKind::Cuda => {
+            // cuMemAlloc takes exactly what is asked (rounded by the driver, unseen here).
+            let counted = StatisticsResourceAdaptor::new(CudaMemoryResource::new(&device));
+            let mut p = Probes::plain(Arc::new(counted.clone()));
+            p.peak_reserved = Some(Box::new(move || {
+                counted.bytes_counter().peak.max(0) as usize
+            }));
+            p
         }
+        ResourceKind::Async => {
+            let pool = AsyncMemoryResource::default_pool(&device)?;
+            pool.reset_high_water()?;
+            let probe = pool.clone();
+            let mut p = Probes::plain(Arc::new(pool));
+            p.peak_reserved = Some(Box::new(move || {
+                probe.stats().map_or(0, |s| s.reserved_high)
+            }));
+            p
+        }
+        ResourceKind::Virtual => virtual_resource(VirtualMemoryResource::on_device(
+            &device,
+            CudaBackingOptions::default(),
+            virtual_options(opts),
+        )?),
+        ResourceKind::Expandable => expandable_resource(ExpandableMemoryResource::on_device(
+            &device,
+            CudaBackingOptions::default(),
+            expandable_options(opts),
+        )?),
+        _ => counted_suballocator(opts, CudaMemoryResource::new(&device))?,
     };
     let mut owned = Vec::new();
     let mut streams = Vec::with_capacity(logged_streams.len());
@@ -218,15 +254,47 @@ pub fn build_target(opts: &ResourceOptions, logged_streams: &[u64]) -> Result<Ta
             }
         });
     }
-    Ok(Target {
-        resource,
-        name: format!("{} on device {}", opts.kind, opts.device),
+    Ok(probes.into_target(
+        format!("{} on device {}", opts.kind, opts.device),
         streams,
-        fragmentation,
-        _owned_streams: owned,
-        device: Some(device),
-        upstream,
-    })
+        owned,
+        Some(device),
+    ))
+}
+
+/// The resource `opts` names over `capacity` bytes of address-only memory.
+fn simulated(opts: &ResourceOptions, capacity: usize) -> Result<Probes> {
+    match opts.kind {
+        ResourceKind::Virtual => {
+            return Ok(virtual_resource(VirtualMemoryResource::simulated(
+                capacity,
+                virtual_options(opts),
+            )?))
+        }
+        ResourceKind::Expandable => {
+            return Ok(expandable_resource(ExpandableMemoryResource::simulated(
+                capacity,
+                expandable_options(opts),
+            )?))
+        }
+        _ => {}
+    }
+    let sim = SimulatedMemoryResource::new(capacity)?;
+    let (frag, hole) = (sim.clone(), sim.clone());
+    let mut p = if opts.kind.is_suballocator() {
+        counted_suballocator(opts, sim.clone())?
+    } else {
+        // A plain resource over simulated memory is the simulated best-fit allocator itself.
+        let peak = sim.clone();
+        let mut p = Probes::plain(Arc::new(sim));
+        p.peak_reserved = Some(Box::new(move || peak.usage().peak));
+        p
+    };
+    p.fragmentation
+        .get_or_insert_with(|| Box::new(move || frag.usage().fragmentation()));
+    // Whatever the resource holds, it could still take the device's largest free range.
+    p.largest_free = Some(Box::new(move || hole.usage().largest_free));
+    Ok(p)
 }
 
 fn simulated_streams(logged: &[u64]) -> Vec<StreamRef<'static>> {
@@ -243,27 +311,107 @@ fn simulated_streams(logged: &[u64]) -> Vec<StreamRef<'static>> {
         .collect()
 }
 
+/// `--maximum-size` bounds the physical memory, `--block-size` sets the chunk size.
+fn virtual_options(opts: &ResourceOptions) -> VirtualOptions {
+    VirtualOptions {
+        maximum: opts.maximum_size,
+        chunk_size: opts.block_size,
+        ..VirtualOptions::default()
+    }
+}
+
+/// `--maximum-size` bounds the physical memory, `--block-size` sets the large pages' size.
+fn expandable_options(opts: &ResourceOptions) -> ExpandableOptions {
+    ExpandableOptions {
+        maximum: opts.maximum_size,
+        large_chunk: opts.block_size,
+        ..ExpandableOptions::default()
+    }
+}
+
+fn expandable_resource<B: PhysicalBacking>(r: ExpandableMemoryResource<B>) -> Probes {
+    let (peak, hole, notes) = (r.clone(), r.clone(), r.clone());
+    Probes {
+        resource: Arc::new(r),
+        fragmentation: None,
+        peak_reserved: Some(Box::new(move || peak.stats().peak_physical)),
+        upstream: None,
+        notes: Some(Box::new(move || {
+            let s = notes.stats();
+            format!(
+                "chunks: small range ({} MiB) {} created, {} moved; large range ({} MiB) {} \
+                 created, {} moved",
+                s.small.chunk_size >> 20,
+                s.small.chunks_created,
+                s.small.chunks_moved,
+                s.large.chunk_size >> 20,
+                s.large.chunks_created,
+                s.large.chunks_moved
+            )
+        })),
+        // Free pages of either range can be released and mapped again where needed.
+        largest_free: Some(Box::new(move || {
+            let s = hole.stats();
+            s.large.maximum.saturating_sub(s.physical) + s.small.free_mapped + s.large.free_mapped
+        })),
+    }
+}
+
+fn virtual_resource<B: PhysicalBacking>(r: VirtualMemoryResource<B>) -> Probes {
+    let (peak, hole, notes) = (r.clone(), r.clone(), r.clone());
+    Probes {
+        resource: Arc::new(r),
+        fragmentation: None,
+        peak_reserved: Some(Box::new(move || peak.stats().peak_mapped)),
+        // Free pages anywhere can be moved together: the largest request that fits.
+        largest_free: Some(Box::new(move || hole.stats().mappable)),
+        upstream: None,
+        notes: Some(Box::new(move || {
+            let s = notes.stats();
+            format!(
+                "chunks of {} MiB: {} created, {} moved",
+                s.chunk_size >> 20,
+                s.chunks_created,
+                s.chunks_moved
+            )
+        })),
+    }
+}
+
+/// The suballocator `opts.kind` over `upstream`, counting what it takes from the upstream.
+fn counted_suballocator<U: crate::resource::MemoryResource + 'static>(
+    opts: &ResourceOptions,
+    upstream: U,
+) -> Result<Probes> {
+    let counted = StatisticsResourceAdaptor::new(upstream);
+    let (up, tracker) = tracked(Arc::new(counted.clone()));
+    let mut p = suballocator(opts, up)?;
+    p.upstream = Some(tracker);
+    p.peak_reserved = Some(Box::new(move || {
+        counted.bytes_counter().peak.max(0) as usize
+    }));
+    Ok(p)
+}
+
 /// The suballocator `opts.kind` over `upstream`, sized from `opts`.
 ///
 /// Defaults when sizes are not given: the pool and arena start empty and grow without bound; the
 /// fixed-size resource uses 1 MiB blocks; binning uses power-of-two bins from 256 B up to
-/// `block_size` (4 MiB), larger requests going straight to the upstream.
+/// `block_size` (4 MiB), larger requests going to a pool over the upstream (or, with
+/// [`LargeUpstream::Direct`], to the upstream itself).
 ///
-/// Returns the resource and, for the pool, a probe of its fragmentation for the report.
-fn suballocator(
-    opts: &ResourceOptions,
-    upstream: SharedResource,
-) -> Result<(SharedResource, Option<Probe>)> {
+/// For the pool, the probes include its fragmentation and largest free block.
+fn suballocator(opts: &ResourceOptions, upstream: SharedResource) -> Result<Probes> {
     let mut pool = PoolOptions::new(opts.initial_size.unwrap_or(0));
     pool.maximum_size = opts.maximum_size;
     let resource: SharedResource = match opts.kind {
         ResourceKind::Pool => {
             let pool = PoolMemoryResource::new(upstream, pool)?;
-            let probe = pool.clone();
-            return Ok((
-                Arc::new(pool),
-                Some(Box::new(move || probe.stats().fragmentation)),
-            ));
+            let (frag, hole) = (pool.clone(), pool.clone());
+            let mut p = Probes::plain(Arc::new(pool));
+            p.fragmentation = Some(Box::new(move || frag.stats().fragmentation));
+            p.largest_free = Some(Box::new(move || hole.stats().largest_free_block));
+            return Ok(p);
         }
         ResourceKind::Arena => Arc::new(ArenaMemoryResource::new(
             upstream,
@@ -283,21 +431,79 @@ fn suballocator(
                     "--block-size {largest}: binning needs a power of two of at least 256"
                 )));
             }
-            Arc::new(BinningMemoryResource::new(
-                upstream,
-                8,
-                largest.trailing_zeros(),
-            )?)
+            let max_exp = largest.trailing_zeros();
+            match opts.large_upstream {
+                LargeUpstream::Pool => Arc::new(BinningMemoryResource::over_pool(
+                    upstream, 8, max_exp, pool,
+                )?),
+                LargeUpstream::Direct => {
+                    Arc::new(BinningMemoryResource::new(upstream, 8, max_exp)?)
+                }
+            }
         }
-        ResourceKind::Cuda | ResourceKind::Async | ResourceKind::Host => {
+        ResourceKind::Cuda
+        | ResourceKind::Async
+        | ResourceKind::Host
+        | ResourceKind::Virtual
+        | ResourceKind::Expandable => {
             return Err(Error::InvalidArgument(format!(
                 "{} is not a suballocator",
                 opts.kind
             )))
         }
     };
-    Ok((resource, None))
+    Ok(Probes::plain(resource))
 }
 
 /// Reads a fragmentation ratio (0: none) for the report.
 type Probe = Box<dyn Fn() -> f64 + Send + Sync>;
+
+/// Reads a byte count for the report.
+pub type SizeProbe = Box<dyn Fn() -> usize + Send + Sync>;
+
+/// Reads a line of notes for the report.
+pub type NoteProbe = Box<dyn Fn() -> String + Send + Sync>;
+
+/// A resource and what the report can read from it.
+struct Probes {
+    resource: SharedResource,
+    fragmentation: Option<Probe>,
+    peak_reserved: Option<SizeProbe>,
+    largest_free: Option<SizeProbe>,
+    notes: Option<NoteProbe>,
+    upstream: Option<TrackingResourceAdaptor<SharedResource>>,
+}
+
+impl Probes {
+    fn plain(resource: SharedResource) -> Self {
+        Probes {
+            resource,
+            fragmentation: None,
+            peak_reserved: None,
+            largest_free: None,
+            notes: None,
+            upstream: None,
+        }
+    }
+
+    fn into_target(
+        self,
+        name: String,
+        streams: Vec<StreamRef<'static>>,
+        owned: Vec<Stream>,
+        device: Option<Device>,
+    ) -> Target {
+        Target {
+            resource: self.resource,
+            name,
+            streams,
+            fragmentation: self.fragmentation,
+            peak_reserved: self.peak_reserved,
+            largest_free: self.largest_free,
+            notes: self.notes,
+            _owned_streams: owned,
+            device,
+            upstream: self.upstream,
+        }
+    }
+}

@@ -12,7 +12,7 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::pool::core::{allocate_from, free_into, PoolCore, Reach, GRAIN};
+use super::coalescing::core::{allocate_from, free_into, PoolCore, Reach, GRAIN};
 use super::stream_order::default_order;
 use super::{
     check_request, MemoryResource, PoolMemoryResource, PoolOptions, PoolStats, Properties,

@@ -1,13 +1,14 @@
 //! [`BinningMemoryResource`]: requests rounded up to a bin, each bin its own resource (by default
-//! a [`FixedSizeMemoryResource`] over the shared upstream); larger requests go to the upstream.
+//! a [`FixedSizeMemoryResource`] over the shared upstream); larger requests go to a configurable
+//! upstream, by default ([`BinningMemoryResource::over_pool`]) a coalescing pool.
 
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::{
-    check_request, FixedSizeMemoryResource, FixedSizeOptions, MemoryResource, Properties,
-    SharedResource, DEFAULT_ALIGNMENT,
+    check_request, FixedSizeMemoryResource, FixedSizeOptions, MemoryResource, PoolMemoryResource,
+    PoolOptions, Properties, SharedResource, DEFAULT_ALIGNMENT,
 };
 use crate::error::{Error, Result};
 use crate::stream::StreamRef;
@@ -44,7 +45,23 @@ impl<R: MemoryResource> Clone for BinningMemoryResource<R> {
 
 impl<R: MemoryResource + Clone + 'static> BinningMemoryResource<R> {
     /// Power-of-two bins `2^min_exp ..= 2^max_exp`, each a fixed-size resource over `upstream`.
+    ///
+    /// Requests above the largest bin go to `upstream` itself, one by one: over a slow upstream
+    /// (cuMemAlloc) prefer [`over_pool`](BinningMemoryResource::over_pool).
     pub fn new(upstream: R, min_exp: u32, max_exp: u32) -> Result<Self> {
+        Self::with_large_upstream(upstream.clone(), upstream, min_exp, max_exp)
+    }
+}
+
+impl<R: MemoryResource> BinningMemoryResource<R> {
+    /// Power-of-two bins `2^min_exp ..= 2^max_exp`, each a fixed-size resource over
+    /// `bin_upstream`; larger requests go to `large`.
+    pub fn with_large_upstream<U: MemoryResource + Clone + 'static>(
+        bin_upstream: U,
+        large: R,
+        min_exp: u32,
+        max_exp: u32,
+    ) -> Result<Self> {
         if min_exp > max_exp || max_exp >= usize::BITS - 2 {
             return Err(Error::InvalidArgument(format!(
                 "{NAME}: bin exponents {min_exp}..={max_exp}"
@@ -54,13 +71,23 @@ impl<R: MemoryResource + Clone + 'static> BinningMemoryResource<R> {
         for e in min_exp..=max_exp {
             let size = 1usize << e;
             let fixed =
-                FixedSizeMemoryResource::new(upstream.clone(), FixedSizeOptions::new(size))?;
+                FixedSizeMemoryResource::new(bin_upstream.clone(), FixedSizeOptions::new(size))?;
             bins.push(Bin {
                 size,
                 resource: Arc::new(fixed),
             });
         }
-        Self::with_bins(upstream, bins)
+        Self::with_bins(large, bins)
+    }
+}
+
+impl<U: MemoryResource + Clone + 'static> BinningMemoryResource<PoolMemoryResource<U>> {
+    /// Power-of-two bins `2^min_exp ..= 2^max_exp` over `upstream`, and a coalescing pool over
+    /// `upstream` (sized by `pool`) for larger requests: the default shape, which never sends a
+    /// large request to a slow upstream on its own.
+    pub fn over_pool(upstream: U, min_exp: u32, max_exp: u32, pool: PoolOptions) -> Result<Self> {
+        let large = PoolMemoryResource::new(upstream.clone(), pool)?;
+        Self::with_large_upstream(upstream, large, min_exp, max_exp)
     }
 }
 

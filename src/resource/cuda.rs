@@ -40,7 +40,7 @@ impl CudaMemoryResource {
 // SAFETY: the driver returns distinct, live, 256-byte-aligned allocations of the requested size;
 // larger alignments are refused rather than silently unmet.
 unsafe impl MemoryResource for CudaMemoryResource {
-    fn allocate(&self, _stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, 1)?;
         if align > DEFAULT_ALIGNMENT {
             return Err(Error::Unsupported(format!(
@@ -49,6 +49,8 @@ unsafe impl MemoryResource for CudaMemoryResource {
             )));
         }
         self.device.bind()?;
+        // cuMemAlloc while the stream is captured would invalidate the capture.
+        crate::driver::capture::refuse_capture(NAME, stream)?;
         // SAFETY: a context is current (bound above).
         match unsafe { result::malloc_sync(bytes) } {
             Ok(ptr) => NonNull::new(ptr as *mut u8)

@@ -79,15 +79,17 @@ impl ManagedMemoryResource {
 // SAFETY: the driver returns distinct live allocations of the requested size, 256-byte aligned;
 // larger alignments are refused. The ledger frees each block once.
 unsafe impl MemoryResource for ManagedMemoryResource {
-    fn allocate(&self, _stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, 1)?;
         if align > DEFAULT_ALIGNMENT {
             return Err(Error::Unsupported(format!(
                 "{NAME} guarantees {DEFAULT_ALIGNMENT}-byte alignment, not {align}"
             )));
         }
-        let admission = self.inner.ledger.admit(bytes)?;
         self.inner.device.bind()?;
+        // A synchronous allocation while the stream is captured would invalidate the capture.
+        crate::driver::capture::refuse_capture(NAME, stream)?;
+        let admission = self.inner.ledger.admit(bytes)?;
         let mut dptr: sys::CUdeviceptr = 0;
         // SAFETY: a context is current; `dptr` is a valid out-slot.
         let r = unsafe {

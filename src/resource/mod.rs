@@ -7,13 +7,16 @@
 mod arena;
 mod async_pool;
 mod binning;
+mod coalescing;
 mod cuda;
 mod fixed_size;
+mod graph_safe;
 mod host;
 mod host_buffer;
 mod pool;
 mod simulated;
 mod stream_order;
+mod virtual_memory;
 
 pub use arena::{ArenaMemoryResource, ArenaOptions, ArenaStats};
 pub use binning::{Bin, BinningMemoryResource};
@@ -28,6 +31,9 @@ pub use async_pool::{
 };
 pub use cuda::CudaMemoryResource;
 pub use fixed_size::{FixedSizeMemoryResource, FixedSizeOptions, FixedSizeStats};
+pub use graph_safe::{
+    CaptureQuery, DriverCapture, GraphPoolStats, GraphSafeMemoryResource, SimulatedCapture,
+};
 pub use host::HostMemoryResource;
 pub use host_buffer::HostBuffer;
 pub use location::{check_ordinal, Location};
@@ -39,6 +45,13 @@ pub use pinned::{
 pub use pool::{PoolMemoryResource, PoolOptions, PoolStats};
 pub use simulated::{SimulatedMemoryResource, SimulatedUsage};
 pub use stream_order::{CudaOrder, HostOrder, OrderEvent, RecordingOrder, StreamOrder, MARK_EVERY};
+#[cfg(target_os = "linux")]
+pub use virtual_memory::HostBacking;
+pub use virtual_memory::{
+    BackingCounters, ChunkLocation, CountingBacking, CudaBacking, CudaBackingOptions,
+    ExpandableMemoryResource, ExpandableOptions, ExpandableStats, PhysicalBacking, PhysicalHandle,
+    SimulatedBacking, VirtualMemoryResource, VirtualOptions, VirtualStats,
+};
 
 use std::fmt;
 use std::ptr::NonNull;

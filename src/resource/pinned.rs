@@ -112,15 +112,17 @@ fn mapped_device_pointer(device: &Device, host: NonNull<u8>) -> Result<u64> {
 // SAFETY: the driver returns distinct live allocations of the requested size, aligned to
 // PINNED_ALIGNMENT; larger alignments are refused. The ledger frees each block once.
 unsafe impl MemoryResource for PinnedHostMemoryResource {
-    fn allocate(&self, _stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, 1)?;
         if align > PINNED_ALIGNMENT {
             return Err(Error::Unsupported(format!(
                 "{NAME} guarantees {PINNED_ALIGNMENT}-byte alignment, not {align}"
             )));
         }
-        let admission = self.inner.ledger.admit(bytes)?;
         self.inner.device.bind()?;
+        // A synchronous allocation while the stream is captured would invalidate the capture.
+        crate::driver::capture::refuse_capture(NAME, stream)?;
+        let admission = self.inner.ledger.admit(bytes)?;
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: a context is current; `p` is a valid out-slot.
         let r = unsafe { sys::cuMemHostAlloc(&mut p, bytes, self.inner.flags.alloc_bits()) };

@@ -3,11 +3,11 @@
 //!
 //! Unlike RMM's pool, free blocks are indexed in O(1) size classes and coalesce through
 //! neighbour links (so it does not collapse with many live blocks), a free records no event
-//! (a stream is marked once per [`MARK_EVERY`](self::core::MARK_EVERY) frees), and
+//! (a stream is marked once per [`MARK_EVERY`](super::MARK_EVERY) frees), and
 //! [`release`](PoolMemoryResource::release) returns empty chunks.
 //!
 //! **Shards.** Streams are spread over *shards* (round-robin on first use, see [`shards`]),
-//! each a [`core::PoolCore`] behind its own lock, so threads on different streams never share
+//! each a `PoolCore` (the coalescing engine) behind its own lock, so threads on different streams never share
 //! a lock. Shards carve *slabs* they take from the *global* core, which holds the upstream
 //! chunks; its lock is taken only when a shard needs a slab (a shard doubles each time, as the
 //! pool does, so that is rare). A block freed on a stream of another shard goes back to the shard that carved it, tagged with
@@ -17,20 +17,17 @@
 //! on drop): then every shard's free memory goes back to the global core.
 //!
 //! **Stream lifetime.** The pool names a stream to the driver only inside a call on that
-//! stream (see [`core`]), so streams may be destroyed while blocks freed on them sit in the
+//! stream (see the coalescing engine, `resource::coalescing`), so streams may be destroyed while blocks freed on them sit in the
 //! pool. (A new stream that the driver gives a destroyed one's handle is taken for it.)
 
-pub(crate) mod core;
-mod live;
 mod shards;
-mod tlsf;
 
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use self::core::{allocate_from, footprint, free_into, PoolCore, Reach, GRAIN};
 use self::shards::ShardMap;
+use super::coalescing::core::{allocate_from, footprint, free_into, PoolCore, Reach, GRAIN};
 use super::stream_order::default_order;
 use super::{align_up, check_request, MemoryResource, Properties, StreamOrder};
 use crate::driver::Device;

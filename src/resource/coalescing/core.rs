@@ -1,4 +1,4 @@
-//! The coalescing block index shared by the pool and the arena's per-thread arenas.
+//! The coalescing block index shared by the pool, the arena's per-thread arenas and the virtual-memory resource.
 //!
 //! Plain host bookkeeping over address ranges (it never touches the memory). Blocks are nodes
 //! in one array, linked to their neighbours in the chunk, so a free coalesces in O(1); free
@@ -211,6 +211,34 @@ impl PoolCore {
         self.file(n, bin);
     }
 
+    /// Grows the chunk at `base` in place by `extra` bytes (a GRAIN multiple) at its end, for a
+    /// chunk whose next addresses are the caller's (a reserved virtual range). The new range
+    /// joins the chunk's last block if that is free (in its bin), else it becomes a block any
+    /// stream may take, since nothing ever used it. False if no chunk starts at `base`.
+    /// (A walk of the chunk: call it rarely, growing in large steps.)
+    pub fn extend_chunk(&mut self, base: usize, extra: usize) -> bool {
+        debug_assert!(extra % GRAIN == 0 && extra > 0);
+        let Some(&(size, head)) = self.chunks.get(&base) else {
+            return false;
+        };
+        let mut last = head;
+        while self.nodes[last as usize].phys.1 != NIL {
+            last = self.nodes[last as usize].phys.1;
+        }
+        let bin = self.nodes[last as usize].bin;
+        if bin == LIVE {
+            let tail = self.split_after(last, base + size, extra);
+            self.file(tail, ANY);
+        } else {
+            self.unfile(last);
+            self.nodes[last as usize].size += extra;
+            self.file(last, bin);
+        }
+        self.chunks.insert(base, (size + extra, head));
+        self.pool_size += extra;
+        true
+    }
+
     /// Removes a wholly free chunk; false if it is not one.
     pub fn remove_chunk(&mut self, base: usize) -> bool {
         if !self.is_empty_chunk(base) {
@@ -238,6 +266,22 @@ impl PoolCore {
             .filter(|(&base, _)| self.is_empty_chunk(base))
             .map(|(&b, &(s, _))| (b, s))
             .collect()
+    }
+
+    /// Every live block as `(start, end)` (a walk of every chunk: for checks, not hot paths).
+    pub fn live_ranges(&self) -> Vec<(usize, usize)> {
+        let mut out = Vec::with_capacity(self.live.len());
+        for &(_, head) in self.chunks.values() {
+            let mut at = head;
+            while at != NIL {
+                let n = &self.nodes[at as usize];
+                if n.bin == LIVE {
+                    out.push((n.addr, n.addr + n.size));
+                }
+                at = n.phys.1;
+            }
+        }
+        out
     }
 
     /// Every chunk, for returning them all to the upstream.

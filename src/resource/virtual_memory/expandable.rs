@@ -1,0 +1,227 @@
+//! [`ExpandableMemoryResource`]: the expandable pool, two [`VirtualMemoryResource`]s in
+//! expandable mode over one backing, as PyTorch keeps small and large segments apart: small
+//! requests share small pages, so they never pin a large page; large requests take large pages,
+//! so growing costs few driver calls.
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use super::cuda_backing::{CudaBacking, CudaBackingOptions};
+use super::{CountingBacking, PhysicalBacking, SimulatedBacking};
+use super::{VirtualMemoryResource, VirtualOptions, VirtualStats};
+use crate::driver::Device;
+use crate::error::{Error, Result};
+use crate::resource::{CudaOrder, MemoryResource, Properties, StreamOrder};
+use crate::stream::StreamRef;
+
+/// How an [`ExpandableMemoryResource`] is sized.
+#[derive(Clone, Default)]
+pub struct ExpandableOptions {
+    /// The most physical bytes in chunks at once, both ranges together; `None`: the device's
+    /// memory (the simulated capacity).
+    pub maximum: Option<usize>,
+    /// Requests up to this many bytes go to the small range; `None`: 1 MiB.
+    pub small_limit: Option<usize>,
+    /// The small range's page: `None`: the granularity (2 MiB on current GPUs).
+    pub small_chunk: Option<usize>,
+    /// The large range's page: `None`: 16 times the granularity (32 MiB).
+    pub large_chunk: Option<usize>,
+    /// How streams are ordered (see [`VirtualOptions::order`]).
+    pub order: Option<Arc<dyn StreamOrder>>,
+}
+
+impl fmt::Debug for ExpandableOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExpandableOptions")
+            .field("maximum", &self.maximum)
+            .field("small_limit", &self.small_limit)
+            .field("small_chunk", &self.small_chunk)
+            .field("large_chunk", &self.large_chunk)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A snapshot of an [`ExpandableMemoryResource`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ExpandableStats {
+    /// Physical bytes in chunks now, both ranges.
+    pub physical: usize,
+    /// The most physical bytes in chunks at once: what the pool took from the device.
+    pub peak_physical: usize,
+    /// The small range.
+    pub small: VirtualStats,
+    /// The large range.
+    pub large: VirtualStats,
+}
+
+/// One of the two ranges.
+type Range<B> = VirtualMemoryResource<Arc<CountingBacking<B>>>;
+
+/// The expandable pool, in the role of PyTorch's expandable segments for any client: two
+/// growing ranges ([`VirtualMemoryResource`] in expandable mode) over one backing, small
+/// requests (up to 1 MiB) sharing 2 MiB pages and larger ones 32 MiB pages. Free pages anywhere
+/// are unmapped and their memory mapped where it is needed, so a large request never fails for
+/// lack of a contiguous hole while free memory exists. Cheap to clone.
+pub struct ExpandableMemoryResource<B: PhysicalBacking = CudaBacking> {
+    backing: Arc<CountingBacking<B>>,
+    small: Range<B>,
+    large: Range<B>,
+    small_limit: usize,
+}
+
+impl<B: PhysicalBacking> Clone for ExpandableMemoryResource<B> {
+    fn clone(&self) -> Self {
+        ExpandableMemoryResource {
+            backing: self.backing.clone(),
+            small: self.small.clone(),
+            large: self.large.clone(),
+            small_limit: self.small_limit,
+        }
+    }
+}
+
+impl ExpandableMemoryResource<CudaBacking> {
+    /// The expandable pool on `device`.
+    pub fn on_device(
+        device: &Device,
+        backing: CudaBackingOptions,
+        options: ExpandableOptions,
+    ) -> Result<Self> {
+        let backing = CudaBacking::new(device, backing)?;
+        let options = ExpandableOptions {
+            maximum: match options.maximum {
+                Some(m) => Some(m),
+                None => Some(device.mem_info()?.total),
+            },
+            order: match options.order {
+                Some(o) => Some(o),
+                None => Some(Arc::new(CudaOrder::new(device))),
+            },
+            ..options
+        };
+        Self::new(backing, options)
+    }
+}
+
+impl ExpandableMemoryResource<SimulatedBacking> {
+    /// The expandable pool over `capacity` bytes of address-only memory (2 MiB granularity):
+    /// no GPU needed; its pointers must never be dereferenced.
+    pub fn simulated(capacity: usize, options: ExpandableOptions) -> Result<Self> {
+        let backing = SimulatedBacking::new(capacity, 2 << 20)?;
+        let options = ExpandableOptions {
+            maximum: Some(options.maximum.unwrap_or(capacity).min(backing.capacity())),
+            ..options
+        };
+        Self::new(backing, options)
+    }
+}
+
+impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
+    /// The expandable pool over `backing`; `options.maximum` must be given (the device
+    /// constructors fill it in).
+    pub fn new(backing: B, options: ExpandableOptions) -> Result<Self> {
+        let g = backing.granularity();
+        let maximum = options.maximum.ok_or_else(|| {
+            Error::InvalidArgument("ExpandableMemoryResource: no maximum size".to_owned())
+        })?;
+        let backing = Arc::new(CountingBacking::new(backing, maximum));
+        let range = |chunk: usize| {
+            let mut o = VirtualOptions::expandable()
+                .chunk_size(chunk)
+                .maximum(maximum.max(chunk));
+            o.order = options.order.clone();
+            VirtualMemoryResource::new(backing.clone(), o)
+        };
+        let small = range(options.small_chunk.unwrap_or(g))?;
+        let large = range(options.large_chunk.unwrap_or(16 * g))?;
+        Ok(ExpandableMemoryResource {
+            small,
+            large,
+            small_limit: options.small_limit.unwrap_or(1 << 20),
+            backing,
+        })
+    }
+
+    /// Both ranges and the physical memory now.
+    pub fn stats(&self) -> ExpandableStats {
+        ExpandableStats {
+            physical: self.backing.physical(),
+            peak_physical: self.backing.peak_physical(),
+            small: self.small.stats(),
+            large: self.large.stats(),
+        }
+    }
+
+    /// Unmaps and frees every free page of both ranges (see [`VirtualMemoryResource::trim`]).
+    pub fn trim(&self) -> Result<usize> {
+        Ok(self.small.trim()? + self.large.trim()?)
+    }
+
+    /// Checks both ranges, and that the chunks counted are the pages mapped.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        self.small.check_invariants()?;
+        self.large.check_invariants()?;
+        let s = self.stats();
+        if s.physical != s.small.mapped + s.large.mapped {
+            return Err(format!(
+                "{} bytes in chunks, {} + {} mapped",
+                s.physical, s.small.mapped, s.large.mapped
+            ));
+        }
+        Ok(())
+    }
+
+    /// The range a request of `bytes` goes to, and the other one.
+    fn route(&self, bytes: usize) -> (&Range<B>, &Range<B>) {
+        if bytes <= self.small_limit {
+            (&self.small, &self.large)
+        } else {
+            (&self.large, &self.small)
+        }
+    }
+}
+
+// SAFETY: pure routing by size to two resources that uphold the contract over disjoint
+// reservations; a block is freed to the one that allocated it (same size, same route).
+unsafe impl<B: PhysicalBacking> MemoryResource for ExpandableMemoryResource<B> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+        let (mine, other) = self.route(bytes);
+        match mine.allocate(stream, bytes, align) {
+            // The other range's free pages are physical memory too: release them and retry.
+            Err(e) if e.is_out_of_memory() && other.stats().free_mapped > 0 => {
+                other.trim()?;
+                mine.allocate(stream, bytes, align)
+            }
+            r => r,
+        }
+    }
+
+    unsafe fn deallocate(
+        &self,
+        stream: StreamRef<'_>,
+        ptr: NonNull<u8>,
+        bytes: usize,
+        align: usize,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract; `route` picks the range that allocated it.
+        unsafe { self.route(bytes).0.deallocate(stream, ptr, bytes, align) }
+    }
+
+    fn properties(&self) -> Properties {
+        self.small.properties()
+    }
+
+    fn device(&self) -> Option<Device> {
+        self.small.device()
+    }
+}
+
+impl<B: PhysicalBacking> fmt::Debug for ExpandableMemoryResource<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExpandableMemoryResource")
+            .field("small_limit", &self.small_limit)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}

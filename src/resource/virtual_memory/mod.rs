@@ -1,0 +1,531 @@
+//! [`VirtualMemoryResource`]: one reserved virtual range that grows in place, with physical
+//! chunks mapped on demand and unmapped wherever they fall free; in expandable mode, a pool in
+//! the role of PyTorch's expandable segments, for any client.
+//!
+//! The range is reserved once ([`PhysicalBacking::reserve`]), so addresses never move. Blocks
+//! are placed by the shared coalescing engine (TLSF best fit, stream-ordered reuse) over the
+//! part of the range in use, which grows in large steps when no free block fits: a request
+//! never fails for want of a contiguous hole. Physical memory is counted in chunks (pages, a
+//! multiple of the driver's granularity): a page is mapped while a live block touches it. A
+//! page whose blocks are all freed stays mapped and free; when a block needs a page mapped
+//! elsewhere, the chunk of a free page moves there (after one device-wide synchronisation), so
+//! the memory held follows the pages in use, not the history of the range.
+//! [`trim`](VirtualMemoryResource::trim) unmaps and frees every free page.
+//!
+//! Two modes:
+//! - **virtual** ([`VirtualOptions::new`]): every block is whole chunks, aligned to a chunk, so
+//!   a free leaves its pages free at once. A good upstream for other suballocators.
+//! - **expandable** ([`VirtualOptions::expandable`]): blocks are 256-byte grains that share
+//!   pages; a page is free when no block touches it.
+//!
+//! The backing is the CUDA driver ([`CudaBacking`]) or an address-only simulation
+//! ([`SimulatedBacking`]) that answers "would this fit in N GiB?" with no GPU.
+
+mod backing;
+mod counting;
+mod cuda_backing;
+mod expandable;
+#[cfg(target_os = "linux")]
+mod host_backing;
+mod pages;
+mod simulated;
+
+pub use backing::{PhysicalBacking, PhysicalHandle};
+pub use counting::CountingBacking;
+pub use cuda_backing::{ChunkLocation, CudaBacking, CudaBackingOptions};
+pub use expandable::{ExpandableMemoryResource, ExpandableOptions, ExpandableStats};
+#[cfg(target_os = "linux")]
+pub use host_backing::HostBacking;
+pub use simulated::{BackingCounters, SimulatedBacking};
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use self::pages::Pages;
+use super::coalescing::core::{allocate_from, footprint, free_into, PoolCore, Reach, GRAIN};
+use super::StreamOrder;
+use super::{align_up, check_request, CudaOrder, HostOrder, MemoryResource, Properties};
+use crate::driver::Device;
+use crate::error::{Error, Result};
+use crate::stream::StreamRef;
+
+pub(crate) const NAME: &str = "VirtualMemoryResource";
+
+/// How a [`VirtualMemoryResource`] is sized.
+#[derive(Clone, Default)]
+pub struct VirtualOptions {
+    /// The most physical bytes mapped at once; `None`: the device's memory (the simulated
+    /// capacity).
+    pub maximum: Option<usize>,
+    /// Bytes per physical chunk (page): a power-of-two multiple of the backing's granularity;
+    /// `None`: the granularity (2 MiB on current GPUs).
+    pub chunk_size: Option<usize>,
+    /// Bytes of address space to reserve; `None`: four times the maximum.
+    pub reserve: Option<usize>,
+    /// Blocks share pages (the expandable pool) rather than each taking whole chunks.
+    pub expandable: bool,
+    /// How streams are ordered; `None`: events on the device for the CUDA backing, nothing for
+    /// simulated memory.
+    pub order: Option<Arc<dyn StreamOrder>>,
+}
+
+impl VirtualOptions {
+    /// Whole-chunk blocks, sized by the device.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Blocks of 256-byte grains sharing pages: the expandable pool.
+    pub fn expandable() -> Self {
+        VirtualOptions {
+            expandable: true,
+            ..Self::default()
+        }
+    }
+    /// Bounds the physical memory mapped at once.
+    pub fn maximum(mut self, bytes: usize) -> Self {
+        self.maximum = Some(bytes);
+        self
+    }
+    /// Sets the chunk (page) size.
+    pub fn chunk_size(mut self, bytes: usize) -> Self {
+        self.chunk_size = Some(bytes);
+        self
+    }
+    /// Sets the address space reserved.
+    pub fn reserve(mut self, bytes: usize) -> Self {
+        self.reserve = Some(bytes);
+        self
+    }
+    /// Uses `order` between streams.
+    pub fn order(mut self, order: Arc<dyn StreamOrder>) -> Self {
+        self.order = Some(order);
+        self
+    }
+}
+
+impl fmt::Debug for VirtualOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VirtualOptions")
+            .field("maximum", &self.maximum)
+            .field("chunk_size", &self.chunk_size)
+            .field("reserve", &self.reserve)
+            .field("expandable", &self.expandable)
+            .field("order", &self.order)
+            .finish()
+    }
+}
+
+/// A snapshot of a [`VirtualMemoryResource`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct VirtualStats {
+    /// Bytes of address space reserved.
+    pub reserved: usize,
+    /// Bytes of the range in use by the block index (it grows in place).
+    pub extent: usize,
+    /// Physical bytes mapped now (including free pages).
+    pub mapped: usize,
+    /// The most physical bytes mapped at once: what the resource took from the device.
+    pub peak_mapped: usize,
+    /// Mapped bytes of pages no live block touches.
+    pub free_mapped: usize,
+    /// The bound on mapped bytes.
+    pub maximum: usize,
+    /// The largest request that could be mapped now (free pages plus pages never created).
+    pub mappable: usize,
+    /// Bytes in live blocks (rounded to blocks).
+    pub bytes_in_use: usize,
+    /// Live blocks.
+    pub live_blocks: usize,
+    /// The largest free block of the range in use.
+    pub largest_free_block: usize,
+    /// Bytes per chunk (page).
+    pub chunk_size: usize,
+    /// Chunks created.
+    pub chunks_created: u64,
+    /// Chunks moved from a free page to one that was needed.
+    pub chunks_moved: u64,
+    /// Chunks released (trim, failures).
+    pub chunks_released: u64,
+}
+
+/// One reserved virtual range that grows in place, mapping physical chunks on demand. Cheap to
+/// clone (clones share the resource).
+///
+/// The range is reserved once ([`PhysicalBacking::reserve`]), so addresses never move. Blocks
+/// are placed by carve's coalescing engine (TLSF best fit, stream-ordered reuse, as in
+/// [`PoolMemoryResource`](crate::PoolMemoryResource)) over the part of the range in use, which
+/// grows in large steps when no free block fits: a request never fails for want of a
+/// contiguous hole. Physical memory is counted in chunks (pages, a power-of-two multiple of the
+/// driver's granularity); a page is mapped while a live block touches it. A page whose blocks
+/// are all freed stays mapped and free; when a block needs a page mapped elsewhere, the chunk
+/// of a free page moves there (after one device-wide synchronisation), so the memory held
+/// follows the pages in use, not the history of the range. [`trim`](Self::trim) unmaps and
+/// frees every free page.
+///
+/// Two modes: whole chunks per block ([`VirtualOptions::new`]; a free leaves its pages free at
+/// once; a good upstream for other suballocators), or blocks of 256-byte grains that share
+/// pages ([`VirtualOptions::expandable`]; see also [`ExpandableMemoryResource`], which keeps
+/// small and large requests in two such ranges).
+///
+/// The backing is the CUDA driver ([`CudaBacking`]) or an address-only simulation
+/// ([`SimulatedBacking`]) that answers "would this fit in N GiB?" with no GPU.
+pub struct VirtualMemoryResource<B: PhysicalBacking = CudaBacking> {
+    inner: Arc<Inner<B>>,
+}
+
+struct Inner<B: PhysicalBacking> {
+    backing: B,
+    order: Arc<dyn StreamOrder>,
+    base: usize,
+    reserved: usize,
+    expandable: bool,
+    state: Mutex<State>,
+}
+
+struct State {
+    core: PoolCore,
+    pages: Pages,
+    /// Bytes of the range the core indexes, from `base`.
+    extent: usize,
+}
+
+impl<B: PhysicalBacking> Clone for VirtualMemoryResource<B> {
+    fn clone(&self) -> Self {
+        VirtualMemoryResource {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl VirtualMemoryResource<CudaBacking> {
+    /// A resource on `device` with the driver's virtual memory management.
+    pub fn on_device(
+        device: &Device,
+        backing: CudaBackingOptions,
+        options: VirtualOptions,
+    ) -> Result<Self> {
+        let backing = CudaBacking::new(device, backing)?;
+        let options = VirtualOptions {
+            maximum: match options.maximum {
+                Some(m) => Some(m),
+                None => Some(device.mem_info()?.total),
+            },
+            order: match options.order {
+                Some(o) => Some(o),
+                None => Some(Arc::new(CudaOrder::new(device))),
+            },
+            ..options
+        };
+        Self::new(backing, options)
+    }
+}
+
+impl VirtualMemoryResource<SimulatedBacking> {
+    /// Address-only virtual memory of `capacity` physical bytes with 2 MiB chunks, as on current
+    /// GPUs: no GPU needed. Its pointers must never be dereferenced.
+    pub fn simulated(capacity: usize, options: VirtualOptions) -> Result<Self> {
+        let backing = SimulatedBacking::new(capacity, 2 << 20)?;
+        let options = VirtualOptions {
+            maximum: Some(options.maximum.unwrap_or(capacity).min(backing.capacity())),
+            ..options
+        };
+        Self::new(backing, options)
+    }
+}
+
+impl<B: PhysicalBacking> VirtualMemoryResource<B> {
+    /// A resource over `backing`. `options.maximum` must be given (the device constructors fill
+    /// it in); chunk and reservation sizes must be multiples of the backing's granularity.
+    pub fn new(backing: B, options: VirtualOptions) -> Result<Self> {
+        let g = backing.granularity();
+        let invalid = |why: String| Err(Error::InvalidArgument(format!("{NAME}: {why}")));
+        let page = options.chunk_size.unwrap_or(g);
+        if !page.is_power_of_two() || page % g != 0 || page % GRAIN != 0 {
+            return invalid(format!(
+                "chunk size {page} is not a power-of-two multiple of the granularity {g}"
+            ));
+        }
+        let Some(maximum) = options.maximum else {
+            return invalid("no maximum size".to_owned());
+        };
+        let max_pages = maximum / page;
+        if max_pages == 0 {
+            return invalid(format!("maximum {maximum} is less than one chunk ({page})"));
+        }
+        if max_pages >= u32::MAX as usize {
+            return invalid(format!("maximum {maximum} is too many chunks of {page}"));
+        }
+        let reserved = match options.reserve {
+            Some(r) if r % page != 0 || r < max_pages * page => {
+                return invalid(format!(
+                    "reservation {r} must be a multiple of the chunk size and at least the \
+                     maximum"
+                ))
+            }
+            Some(r) => r,
+            None => (max_pages * page)
+                .checked_mul(4)
+                .filter(|&r| r <= 1 << 48)
+                .unwrap_or(max_pages * page),
+        };
+        let order = match options.order {
+            Some(o) => o,
+            None => Arc::new(HostOrder),
+        };
+        let base = backing.reserve(reserved, page)?;
+        Ok(VirtualMemoryResource {
+            inner: Arc::new(Inner {
+                order,
+                base,
+                reserved,
+                expandable: options.expandable,
+                state: Mutex::new(State {
+                    core: PoolCore::default(),
+                    pages: Pages::new(base, page, max_pages),
+                    extent: 0,
+                }),
+                backing,
+            }),
+        })
+    }
+
+    /// The backing.
+    pub fn backing(&self) -> &B {
+        &self.inner.backing
+    }
+
+    /// The start of the reserved range: every block lies in `[base, base + reserved)`.
+    pub fn base(&self) -> usize {
+        self.inner.base
+    }
+
+    /// Range, mapping and use now.
+    pub fn stats(&self) -> VirtualStats {
+        let mut st = self.lock();
+        let c = st.pages.counters();
+        let page = st.pages.page_size();
+        VirtualStats {
+            reserved: self.inner.reserved,
+            extent: st.extent,
+            mapped: c.mapped * page,
+            peak_mapped: c.peak_mapped * page,
+            free_mapped: c.free * page,
+            maximum: st.pages.max_pages() * page,
+            mappable: st.pages.mappable_bytes(),
+            bytes_in_use: st.core.in_use(),
+            live_blocks: st.core.live_count(),
+            largest_free_block: st.core.largest_free(),
+            chunk_size: page,
+            chunks_created: c.creates,
+            chunks_moved: c.moves,
+            chunks_released: c.releases,
+        }
+    }
+
+    /// Unmaps and frees every page no live block touches, after waiting for all work on the
+    /// device. Returns the bytes released. Addresses stay reserved; blocks placed there later
+    /// map pages again.
+    pub fn trim(&self) -> Result<usize> {
+        let mut st = self.lock();
+        self.inner.order.synchronize_all()?;
+        st.core.merge_all();
+        st.pages.trim(&self.inner.backing)
+    }
+
+    /// A POSIX file descriptor for the physical chunk that holds `ptr` (a live block's address),
+    /// with the chunk's start address and size, for another process to import and map
+    /// (`cuMemImportFromShareableHandle`). Needs a backing created exportable
+    /// ([`CudaBackingOptions::exportable`]).
+    #[cfg(unix)]
+    pub fn export_chunk(&self, ptr: NonNull<u8>) -> Result<(std::os::fd::OwnedFd, usize, usize)> {
+        let st = self.lock();
+        let addr = ptr.as_ptr() as usize;
+        if !st.core.owns(addr) {
+            return Err(Error::UnknownPointer {
+                resource: NAME,
+                ptr: addr,
+            });
+        }
+        let (start, handle) = st.pages.chunk_at(addr).ok_or(Error::UnknownPointer {
+            resource: NAME,
+            ptr: addr,
+        })?;
+        let fd = self.inner.backing.export_fd(handle)?;
+        Ok((fd, start, st.pages.page_size()))
+    }
+
+    /// Checks the block index and the page table against each other.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        let mut st = self.lock();
+        st.core.check_invariants()?;
+        if st.core.pool_size() != st.extent {
+            return Err(format!(
+                "extent {} but the index holds {}",
+                st.extent,
+                st.core.pool_size()
+            ));
+        }
+        let live = st.core.live_ranges();
+        st.pages.check(&live)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Core and page-table updates restore their invariants before any call that can fail
+        // returns, and nothing in them panics midway, so a poisoned lock guards a consistent state.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Bytes and alignment a request takes in the index: whole chunks unless expandable.
+    fn shape(&self, page: usize, bytes: usize, align: usize) -> Result<(usize, usize)> {
+        if self.inner.expandable {
+            return Ok((bytes, align));
+        }
+        let size = align_up(bytes, page).ok_or(Error::SizeOverflow { bytes, align })?;
+        Ok((size, align.max(page)))
+    }
+
+    /// Grows the indexed part of the range by at least `needed` bytes (in large steps: the
+    /// walk of the index this takes stays rare). False when the reservation is used up.
+    fn extend(&self, st: &mut State, needed: usize) -> bool {
+        let page = st.pages.page_size();
+        let room = self.inner.reserved - st.extent;
+        let step = needed.max(st.extent / 8).max(32 * page);
+        let grow = match align_up(step, page) {
+            Some(g) => g.min(room),
+            None => room,
+        };
+        if grow == 0 {
+            return false;
+        }
+        if st.extent == 0 {
+            st.core.add_chunk(self.inner.base, grow, None);
+        } else {
+            st.core.extend_chunk(self.inner.base, grow);
+        }
+        st.extent += grow;
+        true
+    }
+
+    fn out_of_memory(&self, st: &mut State, bytes: usize, why: String) -> Error {
+        let c = st.pages.counters();
+        let page = st.pages.page_size();
+        Error::OutOfMemory {
+            bytes,
+            resource: NAME,
+            detail: format!(
+                "{why}; {} bytes mapped of at most {}, {} of them free, {} in use; \
+                 the largest request that could be mapped is {} bytes",
+                c.mapped * page,
+                st.pages.max_pages() * page,
+                c.free * page,
+                st.core.in_use(),
+                st.pages.mappable_bytes()
+            ),
+        }
+    }
+}
+
+// SAFETY: blocks are carved by the coalescing engine (disjoint, aligned, each handed out once)
+// from `[base, base + reserved)`, which the backing reserved for us alone; before a block is
+// returned every page it touches is mapped with the backing's access (`Pages::commit`), and a
+// page is unmapped only with no live block on it, after a device-wide synchronisation.
+unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+        let align = check_request(bytes, align, GRAIN)?;
+        let mut st = self.lock();
+        let (bytes, align) = self.shape(st.pages.page_size(), bytes, align)?;
+        let (size, needed) = footprint(bytes, align).ok_or(Error::SizeOverflow { bytes, align })?;
+        let order = &*self.inner.order;
+        let reach = Reach::Synchronize;
+        let found = match allocate_from(&mut st.core, order, stream, bytes, align, reach)? {
+            Some(p) => Some(p),
+            None if self.extend(&mut st, needed) => {
+                allocate_from(&mut st.core, order, stream, bytes, align, reach)?
+            }
+            None => None,
+        };
+        let Some(p) = found else {
+            let why = format!(
+                "the reserved range ({} bytes) has no free block of {needed} bytes",
+                self.inner.reserved
+            );
+            return Err(self.out_of_memory(&mut st, bytes, why));
+        };
+        let start = p.as_ptr() as usize;
+        let st = &mut *st;
+        if let Err(e) = st
+            .pages
+            .commit(&self.inner.backing, order, start, start + size)
+        {
+            // Never used: back to the index (a block of ours with its own size cannot fail).
+            let _ = st.core.free(NAME, stream.id(), start, bytes);
+            return Err(match e {
+                Error::OutOfMemory { detail, .. } => self.out_of_memory(st, bytes, detail),
+                e => e,
+            });
+        }
+        Ok(p)
+    }
+
+    unsafe fn deallocate(
+        &self,
+        stream: StreamRef<'_>,
+        ptr: NonNull<u8>,
+        bytes: usize,
+        align: usize,
+    ) -> Result<()> {
+        let mut st = self.lock();
+        let (bytes, _) = self.shape(st.pages.page_size(), bytes, align.max(1))?;
+        let start = ptr.as_ptr() as usize;
+        let st = &mut *st;
+        free_into(
+            &mut st.core,
+            &*self.inner.order,
+            NAME,
+            stream,
+            start,
+            bytes,
+            false,
+        )?;
+        let size = align_up(bytes, GRAIN).expect("the block was allocated with this size");
+        st.pages.decommit(start, start + size);
+        Ok(())
+    }
+
+    fn properties(&self) -> Properties {
+        self.inner.backing.properties()
+    }
+
+    fn device(&self) -> Option<Device> {
+        self.inner.backing.device()
+    }
+}
+
+impl<B: PhysicalBacking> Drop for Inner<B> {
+    fn drop(&mut self) {
+        // Blocks may still be in use by queued work; unmapping needs the device idle. Drop
+        // cannot report a failure.
+        let _ = self.order.synchronize_all();
+        let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        st.pages.release_all(&self.backing);
+        // SAFETY: our reservation, with every page unmapped above; never used again.
+        let _ = unsafe { self.backing.free_reservation(self.base, self.reserved) };
+    }
+}
+
+impl<B: PhysicalBacking> fmt::Debug for VirtualMemoryResource<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(NAME)
+            .field("backing", &self.inner.backing)
+            .field("expandable", &self.inner.expandable)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,344 @@
+//! Which pages of the reserved range are mapped, and how many live blocks touch each.
+//!
+//! A page is mapped while a live block overlaps it; when its last block goes, it stays mapped
+//! but *free* (in a list), so a block placed there later costs no driver call. A page that must
+//! be mapped takes the physical chunk of a free page, wherever that lies (one device-wide
+//! synchronisation, then unmap and map), and creates a chunk only when no page is free. So the
+//! physical memory held never exceeds the most pages live blocks have touched at once.
+
+use super::backing::{PhysicalBacking, PhysicalHandle};
+use crate::error::{Error, Result};
+use crate::resource::StreamOrder;
+
+const NOT_FREE: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug)]
+struct Page {
+    handle: Option<PhysicalHandle>,
+    /// Live blocks overlapping the page.
+    refs: u32,
+    /// Index in `Pages::free` while mapped with no live block.
+    free_at: u32,
+}
+
+/// Counters of the page table, for stats and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PageCounters {
+    pub mapped: usize,
+    pub peak_mapped: usize,
+    pub free: usize,
+    pub creates: u64,
+    pub moves: u64,
+    pub releases: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Pages {
+    base: usize,
+    page: usize,
+    max_pages: usize,
+    pages: Vec<Page>,
+    free: Vec<u32>,
+    counters: PageCounters,
+}
+
+impl Pages {
+    /// Pages of `page` bytes from `base`, at most `max_pages` mapped at once.
+    pub fn new(base: usize, page: usize, max_pages: usize) -> Self {
+        Pages {
+            base,
+            page,
+            max_pages,
+            pages: Vec::new(),
+            free: Vec::new(),
+            counters: PageCounters::default(),
+        }
+    }
+
+    pub fn counters(&self) -> PageCounters {
+        PageCounters {
+            free: self.free.len(),
+            ..self.counters
+        }
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.page
+    }
+
+    pub fn max_pages(&self) -> usize {
+        self.max_pages
+    }
+
+    /// Bytes a request could still map: pages never created plus free pages.
+    pub fn mappable_bytes(&self) -> usize {
+        (self.max_pages - self.counters.mapped + self.free.len()) * self.page
+    }
+
+    fn span(&self, start: usize, end: usize) -> std::ops::Range<usize> {
+        debug_assert!(start >= self.base && end > start);
+        (start - self.base) / self.page..(end - 1 - self.base) / self.page + 1
+    }
+
+    /// The page holding `addr` and its chunk, when mapped.
+    pub fn chunk_at(&self, addr: usize) -> Option<(usize, PhysicalHandle)> {
+        let i = addr.checked_sub(self.base)? / self.page;
+        let h = self.pages.get(i)?.handle?;
+        Some((self.base + i * self.page, h))
+    }
+
+    /// Makes `[start, end)` mapped for a new live block. On failure nothing changed.
+    pub fn commit<B: PhysicalBacking>(
+        &mut self,
+        backing: &B,
+        order: &dyn StreamOrder,
+        start: usize,
+        end: usize,
+    ) -> Result<()> {
+        let span = self.span(start, end);
+        if self.pages.len() < span.end {
+            self.pages.resize(
+                span.end,
+                Page {
+                    handle: None,
+                    refs: 0,
+                    free_at: NOT_FREE,
+                },
+            );
+        }
+        let mut missing = 0usize;
+        for i in span.clone() {
+            let p = self.pages[i];
+            if p.handle.is_none() {
+                missing += 1;
+            } else if p.refs == 0 {
+                self.take_free(i);
+            }
+            self.pages[i].refs += 1;
+        }
+        if missing == 0 {
+            return Ok(());
+        }
+        let created = missing.saturating_sub(self.free.len());
+        if self.counters.mapped + created > self.max_pages {
+            self.decommit(start, end);
+            return Err(Error::OutOfMemory {
+                bytes: end - start,
+                resource: super::NAME,
+                detail: format!(
+                    "{missing} more page(s) of {} bytes to map, {} free to move, {} of {} mapped",
+                    self.page,
+                    self.free.len(),
+                    self.counters.mapped,
+                    self.max_pages
+                ),
+            });
+        }
+        if let Err(e) = self.map_missing(backing, order, span.clone()) {
+            self.decommit(start, end);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn map_missing<B: PhysicalBacking>(
+        &mut self,
+        backing: &B,
+        order: &dyn StreamOrder,
+        span: std::ops::Range<usize>,
+    ) -> Result<()> {
+        // Free pages may still be in use by work queued before their blocks were freed.
+        if !self.free.is_empty() {
+            order.synchronize_all()?;
+        }
+        let mut mapped_now: Vec<usize> = Vec::new();
+        let result = self.map_each(backing, span, &mut mapped_now);
+        // One access grant per run of pages mapped now (the expensive call on a GPU).
+        let granted = result.and_then(|()| {
+            let mut k = 0;
+            while k < mapped_now.len() {
+                let mut run = 1;
+                while k + run < mapped_now.len() && mapped_now[k + run] == mapped_now[k] + run {
+                    run += 1;
+                }
+                let va = self.base + mapped_now[k] * self.page;
+                // SAFETY: pages `mapped_now[k..k + run]` are consecutive and were just mapped.
+                unsafe { backing.set_access(va, run * self.page)? };
+                k += run;
+            }
+            Ok(())
+        });
+        if granted.is_err() {
+            // Pages mapped now without access must never be handed out: take them back.
+            for &i in &mapped_now {
+                let h = self.pages[i].handle.take().expect("mapped just now");
+                // SAFETY: mapped just now by us, never handed out (no access yet).
+                unsafe {
+                    let _ = backing.unmap(self.base + i * self.page, self.page);
+                    let _ = backing.release(h, self.page);
+                }
+                self.counters.mapped -= 1;
+                self.counters.releases += 1;
+            }
+        }
+        granted
+    }
+
+    /// Maps every unmapped page of `span`, moving free pages' chunks first, and notes each in
+    /// `mapped_now`. Stops at the first failure.
+    fn map_each<B: PhysicalBacking>(
+        &mut self,
+        backing: &B,
+        span: std::ops::Range<usize>,
+        mapped_now: &mut Vec<usize>,
+    ) -> Result<()> {
+        for i in span {
+            if self.pages[i].handle.is_some() {
+                continue;
+            }
+            let (handle, moved) = match self.free.pop() {
+                Some(j) => {
+                    let j = j as usize;
+                    let h = self.pages[j].handle.take().expect("free pages are mapped");
+                    self.pages[j].free_at = NOT_FREE;
+                    self.counters.mapped -= 1;
+                    let va = self.base + j * self.page;
+                    // SAFETY: page `j` was mapped by us with exactly this range, has no live
+                    // block, and the device is idle (synchronised above).
+                    if let Err(e) = unsafe { backing.unmap(va, self.page) } {
+                        // Leave the page mapped and free, as it was.
+                        self.pages[j].handle = Some(h);
+                        self.put_free(j);
+                        self.counters.mapped += 1;
+                        return Err(e);
+                    }
+                    (h, true)
+                }
+                None => (backing.create(self.page)?, false),
+            };
+            let va = self.base + i * self.page;
+            // SAFETY: page `i` lies in our reservation, is aligned and unmapped; `handle` is a
+            // live chunk of one page, mapped nowhere.
+            if let Err(e) = unsafe { backing.map(va, self.page, handle) } {
+                // SAFETY: the chunk is mapped nowhere and no longer referenced.
+                let _ = unsafe { backing.release(handle, self.page) };
+                if moved {
+                    self.counters.releases += 1;
+                }
+                return Err(e);
+            }
+            self.pages[i].handle = Some(handle);
+            mapped_now.push(i);
+            self.counters.mapped += 1;
+            self.counters.peak_mapped = self.counters.peak_mapped.max(self.counters.mapped);
+            if moved {
+                self.counters.moves += 1;
+            } else {
+                self.counters.creates += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops a live block's hold on `[start, end)`.
+    pub fn decommit(&mut self, start: usize, end: usize) {
+        for i in self.span(start, end) {
+            let p = &mut self.pages[i];
+            p.refs -= 1;
+            if p.refs == 0 && p.handle.is_some() {
+                self.put_free(i);
+            }
+        }
+    }
+
+    fn put_free(&mut self, i: usize) {
+        self.pages[i].free_at = self.free.len() as u32;
+        self.free.push(i as u32);
+    }
+
+    fn take_free(&mut self, i: usize) {
+        let at = self.pages[i].free_at as usize;
+        debug_assert_eq!(self.free[at] as usize, i);
+        self.free.swap_remove(at);
+        if let Some(&moved) = self.free.get(at) {
+            self.pages[moved as usize].free_at = at as u32;
+        }
+        self.pages[i].free_at = NOT_FREE;
+    }
+
+    /// Unmaps and releases every free page (the caller has synchronised the device). Returns
+    /// the bytes released; stops at the first driver error.
+    pub fn trim<B: PhysicalBacking>(&mut self, backing: &B) -> Result<usize> {
+        let mut released = 0;
+        while let Some(&j) = self.free.last() {
+            let j = j as usize;
+            let h = self.pages[j].handle.expect("free pages are mapped");
+            // SAFETY: a page we mapped with this range, with no live block; the device is idle.
+            unsafe { backing.unmap(self.base + j * self.page, self.page)? };
+            self.free.pop();
+            self.pages[j].handle = None;
+            self.pages[j].free_at = NOT_FREE;
+            self.counters.mapped -= 1;
+            self.counters.releases += 1;
+            // SAFETY: just unmapped, referenced nowhere.
+            unsafe { backing.release(h, self.page)? };
+            released += self.page;
+        }
+        Ok(released)
+    }
+
+    /// Unmaps and releases every mapped page, for drop (errors ignored: drop cannot report).
+    pub fn release_all<B: PhysicalBacking>(&mut self, backing: &B) {
+        for (i, p) in self.pages.iter_mut().enumerate() {
+            if let Some(h) = p.handle.take() {
+                // SAFETY: the resource is being dropped after a device-wide synchronisation; no
+                // block outlives it.
+                unsafe {
+                    let _ = backing.unmap(self.base + i * self.page, self.page);
+                    let _ = backing.release(h, self.page);
+                }
+            }
+        }
+        self.free.clear();
+        self.counters.mapped = 0;
+    }
+
+    /// Checks the table against `live` (start, end) ranges: reference counts, the free list,
+    /// and the mapped count.
+    pub fn check(&self, live: &[(usize, usize)]) -> std::result::Result<(), String> {
+        let mut refs = vec![0u32; self.pages.len()];
+        for &(s, e) in live {
+            for i in self.span(s, e) {
+                *refs
+                    .get_mut(i)
+                    .ok_or(format!("live block {s:#x} beyond the page table"))? += 1;
+            }
+        }
+        let mut mapped = 0;
+        for (i, p) in self.pages.iter().enumerate() {
+            if p.refs != refs[i] {
+                return Err(format!(
+                    "page {i}: {} refs, {} live blocks",
+                    p.refs, refs[i]
+                ));
+            }
+            if p.refs > 0 && p.handle.is_none() {
+                return Err(format!("page {i} holds a live block but is not mapped"));
+            }
+            let is_free = p.handle.is_some() && p.refs == 0;
+            if is_free != (p.free_at != NOT_FREE)
+                || (is_free && self.free.get(p.free_at as usize) != Some(&(i as u32)))
+            {
+                return Err(format!("page {i}: free list disagrees"));
+            }
+            mapped += usize::from(p.handle.is_some());
+        }
+        if mapped != self.counters.mapped || mapped > self.max_pages {
+            return Err(format!(
+                "{mapped} pages mapped, counted {} (max {})",
+                self.counters.mapped, self.max_pages
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,241 @@
+//! GPU tests of the virtual-memory resource, the expandable pool and graph-safe allocation:
+//! kernels write and check memory that was mapped, moved and captured. Each skips (saying why)
+//! without a GPU, and fails instead under CARVE_REQUIRE_GPU=1.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use carve::cudarc::driver::{result, sys};
+use carve::resource::{
+    CudaBackingOptions, ExpandableOptions, GraphSafeMemoryResource, VirtualOptions,
+};
+use carve::{
+    require_gpu, CudaMemoryResource, Device, Error, ExpandableMemoryResource, MemoryResource,
+    Stream, VirtualMemoryResource,
+};
+use carve_kernels::smoke::pattern;
+
+const MIB: usize = 1 << 20;
+
+/// Copies `n` words at `ptr` to the host (after the stream's work).
+fn read(s: &Stream, ptr: usize, n: usize) -> Vec<u32> {
+    s.synchronize().unwrap();
+    let mut out = vec![0u32; n];
+    // SAFETY: `ptr` is a live device block of at least `n` words; the stream is idle.
+    unsafe { result::memcpy_dtoh_sync(&mut out, ptr as sys::CUdeviceptr) }.unwrap();
+    out
+}
+
+/// Writes `pattern(i) + delta` into `n` words at `ptr`.
+fn fill(dev: &Device, s: &Stream, ptr: usize, n: usize, delta: u32) {
+    let k = dev.test_kernels().unwrap();
+    // SAFETY: `ptr` is a live device block of at least `n` words, used only by this stream.
+    unsafe {
+        k.smoke_fill(s, ptr as u64, n as u32).unwrap();
+        k.smoke_add(s, ptr as u64, n as u32, delta).unwrap();
+    }
+}
+
+fn check(s: &Stream, ptr: usize, n: usize, delta: u32, what: &str) {
+    let got = read(s, ptr, n);
+    for (i, &x) in got.iter().enumerate() {
+        assert_eq!(x, pattern(i as u32).wrapping_add(delta), "{what}: word {i}");
+    }
+}
+
+fn free(mr: &dyn MemoryResource, s: &Stream, p: usize, bytes: usize) {
+    // SAFETY: `p` came from `mr` with `bytes`; the stream orders the free after its work.
+    unsafe { mr.deallocate(s.as_ref(), NonNull::new(p as *mut u8).unwrap(), bytes, 256) }.unwrap();
+}
+
+#[test]
+fn virtual_resource_maps_grows_in_place_and_trims() {
+    let dev = require_gpu!();
+    let s = dev.new_stream().unwrap();
+    let r = VirtualMemoryResource::on_device(
+        &dev,
+        CudaBackingOptions::default(),
+        VirtualOptions::new().maximum(1 << 30),
+    )
+    .unwrap();
+    let mut blocks = vec![];
+    for i in 0..40usize {
+        let bytes = (i % 7 + 1) * 3 * MIB + 4;
+        let p = r.allocate(s.as_ref(), bytes, 256).unwrap().as_ptr() as usize;
+        assert!(p >= r.base() && p < r.base() + r.stats().reserved);
+        fill(&dev, &s, p, bytes / 4, i as u32);
+        blocks.push((p, bytes, i as u32));
+    }
+    for &(p, bytes, d) in &blocks {
+        check(&s, p, bytes / 4, d, "virtual block");
+    }
+    r.check_invariants().unwrap();
+    for (p, bytes, _) in blocks.drain(..) {
+        free(&r, &s, p, bytes);
+    }
+    let mapped = r.stats().mapped;
+    assert_eq!(r.trim().unwrap(), mapped);
+    assert_eq!(r.stats().mapped, 0);
+}
+
+/// Scattered free pages move to serve a large request; live blocks keep their contents.
+#[test]
+fn expandable_pool_moves_free_pages_and_keeps_live_data() {
+    let dev = require_gpu!();
+    let s = dev.new_stream().unwrap();
+    let r = ExpandableMemoryResource::on_device(
+        &dev,
+        CudaBackingOptions::default(),
+        ExpandableOptions {
+            maximum: Some(512 * MIB),
+            ..ExpandableOptions::default()
+        },
+    )
+    .unwrap();
+    let page = r.stats().large.chunk_size;
+    let count = 512 * MIB / page;
+    let blocks: Vec<usize> = (0..count)
+        .map(|i| {
+            let p = r.allocate(s.as_ref(), page, 256).unwrap().as_ptr() as usize;
+            fill(&dev, &s, p, page / 4, i as u32);
+            p
+        })
+        .collect();
+    for &p in blocks.iter().step_by(2) {
+        free(&r, &s, p, page);
+    }
+    let big_bytes = count / 2 * page;
+    let big = r.allocate(s.as_ref(), big_bytes, 256).unwrap().as_ptr() as usize;
+    fill(&dev, &s, big, big_bytes / 4, 99);
+    let st = r.stats();
+    assert!(st.large.chunks_moved >= (count / 2) as u64, "{st:?}");
+    assert!(st.peak_physical <= 512 * MIB, "{st:?}");
+    check(&s, big, big_bytes / 4, 99, "moved pages");
+    for (i, &p) in blocks.iter().enumerate().skip(1).step_by(2) {
+        check(&s, p, page / 4, i as u32, "live block");
+    }
+    r.check_invariants().unwrap();
+    free(&r, &s, big, big_bytes);
+    for &p in blocks.iter().skip(1).step_by(2) {
+        free(&r, &s, p, page);
+    }
+    r.trim().unwrap();
+    assert_eq!(r.stats().physical, 0);
+}
+
+#[test]
+fn exported_chunks_are_file_descriptors() {
+    let dev = require_gpu!();
+    let backing = CudaBackingOptions {
+        exportable: true,
+        ..CudaBackingOptions::default()
+    };
+    let r = match VirtualMemoryResource::on_device(&dev, backing, VirtualOptions::new()) {
+        Ok(r) => r,
+        Err(Error::Unsupported(why)) => {
+            eprintln!("SKIPPED exported_chunks_are_file_descriptors: {why}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let p = r.allocate_sync(5 * MIB, 256).unwrap();
+    let (fd, start, size) = r.export_chunk(p).unwrap();
+    use std::os::fd::AsRawFd;
+    assert!(fd.as_raw_fd() >= 0);
+    assert!(start <= p.as_ptr() as usize && (p.as_ptr() as usize) < start + size);
+    // SAFETY: from `r` with these arguments.
+    unsafe { r.deallocate_sync(p, 5 * MIB, 256) }.unwrap();
+    let plain = VirtualMemoryResource::on_device(
+        &dev,
+        CudaBackingOptions::default(),
+        VirtualOptions::new(),
+    )
+    .unwrap();
+    let q = plain.allocate_sync(MIB, 256).unwrap();
+    assert!(matches!(plain.export_chunk(q), Err(Error::Unsupported(_))));
+    // SAFETY: as above.
+    unsafe { plain.deallocate_sync(q, MIB, 256) }.unwrap();
+}
+
+/// Kernels that allocate, captured once and launched 100 times: the results are right every
+/// time, the captured addresses never change hands, and memory allocated between launches
+/// (outside capture) never overlaps them. A plain cuMemAlloc resource refuses the captured
+/// stream with a typed error, and the capture survives it.
+#[test]
+fn graph_captured_allocations_keep_their_addresses_across_launches() {
+    let dev = require_gpu!();
+    let s = dev.new_stream().unwrap();
+    let cuda = CudaMemoryResource::new(&dev);
+    let mr = GraphSafeMemoryResource::new(cuda.clone());
+    let n = 1 << 16;
+    let bytes = n * 4;
+    let before = mr.allocate(s.as_ref(), bytes, 256).unwrap().as_ptr() as usize;
+    // Loads the test module outside the capture (loading is not a call to make inside one).
+    fill(&dev, &s, before, n, 0);
+    s.synchronize().unwrap();
+    s.cudarc()
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+        .unwrap();
+    // cuMemFree here would invalidate the capture: deferred to the next uncaptured call.
+    free(&mr, &s, before, bytes);
+    assert_eq!(mr.pending_frees(), 1);
+    assert!(matches!(
+        cuda.allocate(s.as_ref(), bytes, 256),
+        Err(Error::StreamCapture { .. })
+    ));
+    let a = mr.allocate(s.as_ref(), bytes, 256).unwrap().as_ptr() as usize;
+    fill(&dev, &s, a, n, 1);
+    let b = mr.allocate(s.as_ref(), bytes, 256).unwrap().as_ptr() as usize;
+    fill(&dev, &s, b, n, 2);
+    free(&mr, &s, a, bytes); // deferred: the graph writes `a` on every launch
+    let c = mr.allocate(s.as_ref(), bytes, 256).unwrap().as_ptr() as usize;
+    assert!(
+        c + bytes <= a || a + bytes <= c,
+        "a deferred block was reused"
+    );
+    fill(&dev, &s, c, n, 3);
+    let graph = s
+        .cudarc()
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .unwrap()
+        .expect("a graph");
+    let capture = mr
+        .graph_pool_of(NonNull::new(b as *mut u8).unwrap())
+        .unwrap();
+    assert_eq!(mr.pending_frees(), 1);
+    for launch in 0..100 {
+        // Other work between launches allocates outside capture, from the upstream.
+        let other = mr.allocate(s.as_ref(), bytes, 256).unwrap().as_ptr() as usize;
+        assert_eq!(mr.pending_frees(), 0);
+        for &g in &[a, b, c] {
+            assert!(other + bytes <= g || g + bytes <= other, "launch {launch}");
+        }
+        fill(&dev, &s, other, n, 1000);
+        graph.launch().unwrap();
+        if launch % 10 == 0 || launch == 99 {
+            check(&s, a, n, 1, "a");
+            check(&s, b, n, 2, "b");
+            check(&s, c, n, 3, "c");
+        }
+        free(&mr, &s, other, bytes);
+    }
+    dev.synchronize().unwrap();
+    let pools = mr.graph_pools();
+    assert_eq!(pools.len(), 1);
+    assert_eq!((pools[0].blocks, pools[0].deferred_frees), (3, 1));
+    drop(graph);
+    // SAFETY: the graph is destroyed; nothing uses a, b or c any more.
+    assert!(unsafe { mr.release_graph_pool(capture) }.unwrap() >= 3 * bytes);
+    assert!(mr.graph_pools().is_empty());
+}
+
+#[test]
+fn non_capturing_streams_go_to_the_upstream() {
+    let dev = require_gpu!();
+    let s = dev.new_stream().unwrap();
+    let mr = GraphSafeMemoryResource::new(Arc::new(CudaMemoryResource::new(&dev)));
+    let p = mr.allocate(s.as_ref(), 1000, 256).unwrap();
+    assert!(mr.graph_pool_of(p).is_none());
+    // SAFETY: from `mr` with these arguments.
+    unsafe { mr.deallocate(s.as_ref(), p, 1000, 256) }.unwrap();
+}
