@@ -329,12 +329,12 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
     /// device-wide synchronisation.
     fn slab_for(
         &self,
+        global: &mut PoolCore,
         stream: StreamRef<'_>,
         held: usize,
         bytes: usize,
         needed: usize,
     ) -> Result<Slab> {
-        let mut global = lock(&self.inner.global);
         let desired = align_up(needed.max(held).max(MIN_SLAB), GRAIN).unwrap_or(needed);
         let take = |global: &mut PoolCore, sizes: &[usize]| -> Result<Option<Slab>> {
             for &want in sizes {
@@ -352,21 +352,21 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
             }
             Ok(None)
         };
-        if let Some(slab) = take(&mut global, &[desired])? {
+        if let Some(slab) = take(global, &[desired])? {
             return Ok(slab);
         }
-        match self.grow(&mut global, stream, bytes, needed, desired) {
+        match self.grow(global, stream, bytes, needed, desired) {
             Ok(()) => {}
             Err(e) if e.is_out_of_memory() => {
-                if let Some(slab) = take(&mut global, &[needed])? {
+                if let Some(slab) = take(global, &[needed])? {
                     return Ok(slab);
                 }
-                self.gather(&mut global)?;
-                return Ok(take(&mut global, &[needed])?.unwrap_or(Slab::Gathered(e)));
+                self.gather(global)?;
+                return Ok(take(global, &[needed])?.unwrap_or(Slab::Gathered(e)));
             }
             Err(e) => return Err(e),
         }
-        take(&mut global, &[desired, needed])?.ok_or_else(|| Error::OutOfMemory {
+        take(global, &[desired, needed])?.ok_or_else(|| Error::OutOfMemory {
             bytes,
             resource: NAME,
             detail: "a fresh chunk did not fit the request".to_owned(),
@@ -473,9 +473,13 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
                 core.pool_size()
             };
             // No shard lock is held while the global one is taken.
-            match self.slab_for(stream, held, bytes, needed)? {
+            let mut global = lock(&self.inner.global);
+            match self.slab_for(&mut global, stream, held, bytes, needed)? {
                 Slab::Got(base, size) => {
+                    // The shard locks before the global lock goes, so `check_invariants` never
+                    // sees the slab handed out but held by no shard.
                     let mut core = lock(&shard.core);
+                    drop(global);
                     core.add_chunk(base, size, Some(stream.id()));
                     if let Some(p) = core.take(stream.id(), bytes, align) {
                         return Ok(p);
@@ -485,6 +489,7 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
                 // Every free block is now free to any stream, wherever it lies: take one from
                 // whichever shard holds it (the block stays that shard's), else out of memory.
                 Slab::Gathered(e) => {
+                    drop(global);
                     for other in self.inner.shards.iter() {
                         let mut core = lock(&other.core);
                         let got =
