@@ -19,8 +19,6 @@ fn parent_byte(i: usize) -> u8 {
 }
 
 #[test]
-#[ignore = "cuMemPoolExportPointer returns CUDA_ERROR_INVALID_VALUE on the H100 machine \
-            (2026-11-23), even after the block's stream is synchronised; open in issue 13"]
 fn a_pool_and_a_block_shared_with_a_child_process() {
     let dev = carve::require_gpu!();
     let mr = match AsyncMemoryResource::new(&dev, &AsyncPoolOptions::new().ipc_export(true)) {

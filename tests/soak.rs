@@ -41,6 +41,14 @@ fn soak_duration(default_secs: u64) -> Duration {
     Duration::from_secs(secs)
 }
 
+/// Worker threads: `CARVE_SOAK_THREADS`, else one per core, 4 to 16.
+fn soak_threads() -> usize {
+    std::env::var("CARVE_SOAK_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(4, |n| n.get().clamp(4, 16)))
+}
+
 /// How a block's tag is written and read.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Access {
@@ -61,6 +69,8 @@ struct Res {
     idle: Box<dyn Fn() -> Result<(), String> + Send + Sync>,
     /// Invariants that hold at any time, checkable while other threads use the resource.
     invariants: Box<dyn Fn() -> Result<(), String> + Send + Sync>,
+    /// Bytes the resource holds from its upstream now (for plain resources: bytes live).
+    reserved: Box<dyn Fn() -> usize + Send + Sync>,
 }
 
 /// A live block.
@@ -231,8 +241,9 @@ impl Soak<'_> {
                     let b = mine.swap_remove(rng.random_range(0..mine.len()));
                     let check = rng.random_range(0..8) == 0;
                     self.free(b, stream, check);
-                } else if r < 96 {
+                } else if r < 96 && self.mailbox.lock().unwrap().len() < MAX_HELD {
                     // Hand a block to whoever looks next: it will free it on its own stream.
+                    // (Bounded, as what workers hold: hand-offs and pick-ups are a random walk.)
                     let b = mine.swap_remove(rng.random_range(0..mine.len()));
                     (self.sync)(stream);
                     self.mailbox.lock().unwrap().push_back(b);
@@ -298,6 +309,23 @@ fn run_soak(
             let soak = &soak;
             s.spawn(move || soak.worker(0x50a4 + i as u64, stream));
         }
+        let soak = &soak;
+        s.spawn(move || {
+            while Instant::now() < soak.deadline {
+                std::thread::sleep(
+                    (duration / 20).clamp(Duration::from_secs(1), Duration::from_secs(30)),
+                );
+                let held: Vec<String> = resources
+                    .iter()
+                    .map(|r| format!("{} {:.0}", r.name, (r.reserved)() as f64 / (1 << 20) as f64))
+                    .collect();
+                eprintln!(
+                    "soak {:>4.0} s, MiB held: {}",
+                    started.elapsed().as_secs_f64(),
+                    held.join(", ")
+                );
+            }
+        });
     });
     bind();
     let leftovers: Vec<Live> = soak.mailbox.lock().unwrap().drain(..).collect();
@@ -341,9 +369,13 @@ fn suballocators(
     let mut track = || {
         let t = TrackingResourceAdaptor::new(upstream.clone(), false);
         trackers.push(t.clone());
-        Arc::new(t) as SharedResource
+        let held = t.clone();
+        let reserved: Box<dyn Fn() -> usize + Send + Sync> =
+            Box::new(move || held.allocated_bytes());
+        (Arc::new(t) as SharedResource, reserved)
     };
-    let pool = PoolMemoryResource::new(track(), PoolOptions::new(8 << 20)).unwrap();
+    let (up, reserved) = track();
+    let pool = PoolMemoryResource::new(up, PoolOptions::new(8 << 20)).unwrap();
     let (p1, p2) = (pool.clone(), pool.clone());
     res.push(Res {
         name: prefix[0],
@@ -355,8 +387,10 @@ fn suballocators(
             n => Err(format!("{n} live blocks")),
         }),
         invariants: Box::new(move || p2.check_invariants()),
+        reserved,
     });
-    let fixed = FixedSizeMemoryResource::new(track(), FixedSizeOptions::new(64 << 10)).unwrap();
+    let (up, reserved) = track();
+    let fixed = FixedSizeMemoryResource::new(up, FixedSizeOptions::new(64 << 10)).unwrap();
     let (f1, f2) = (fixed.clone(), fixed.clone());
     res.push(Res {
         name: prefix[1],
@@ -369,9 +403,11 @@ fn suballocators(
             n => Err(format!("{n} blocks in use")),
         }),
         invariants: Box::new(|| Ok(())),
+        reserved,
     });
+    let (up, arena_reserved) = track();
     let arena = ArenaMemoryResource::new(
-        track(),
+        up,
         ArenaOptions {
             superblock_size: 4 << 20,
             ..ArenaOptions::default()
@@ -389,8 +425,9 @@ fn suballocators(
             n => Err(format!("{n} bytes in use")),
         }),
         invariants: Box::new(move || a2.check_invariants()),
+        reserved: arena_reserved,
     });
-    let bins_up = track();
+    let (bins_up, bins_reserved) = track();
     let binning = BinningMemoryResource::new(bins_up, 8, 16).unwrap();
     // Binning has no counters of its own: a client-side tracker counts its live blocks.
     let counted = TrackingResourceAdaptor::new(binning, false);
@@ -405,13 +442,14 @@ fn suballocators(
             n => Err(format!("{n} outstanding")),
         }),
         invariants: Box::new(|| Ok(())),
+        reserved: bins_reserved,
     });
     (res, trackers)
 }
 
 fn tracked_plain(name: &'static str, mr: SharedResource, access: Access, max: usize) -> Res {
     let t = TrackingResourceAdaptor::new(mr, false);
-    let t1 = t.clone();
+    let (t1, t2) = (t.clone(), t.clone());
     Res {
         name,
         mr: Arc::new(t),
@@ -422,6 +460,7 @@ fn tracked_plain(name: &'static str, mr: SharedResource, access: Access, max: us
             n => Err(format!("{n} outstanding")),
         }),
         invariants: Box::new(|| Ok(())),
+        reserved: Box::new(move || t2.allocated_bytes()),
     }
 }
 
@@ -448,7 +487,7 @@ fn host_soak() {
         &["host pool", "host fixed-size", "host arena", "host binning"],
     );
     res.push(tracked_plain("host", host, Access::Host, 1 << 20));
-    let threads = std::thread::available_parallelism().map_or(4, |n| n.get().clamp(4, 16));
+    let threads = soak_threads();
     let streams: Vec<StreamRef<'_>> = (0..threads).map(|i| StreamRef::simulated(1 + i)).collect();
     run_soak(&res, &streams, soak_duration(3), &|_| {}, &|| {});
     drop(res);
@@ -498,7 +537,7 @@ fn gpu_soak() {
         Access::Host,
         1 << 20,
     ));
-    let threads = std::thread::available_parallelism().map_or(8, |n| n.get().clamp(4, 16));
+    let threads = soak_threads();
     let owned: Vec<Stream> = (0..threads).map(|_| dev.new_stream().unwrap()).collect();
     let streams: Vec<StreamRef<'_>> = owned.iter().map(Stream::as_ref).collect();
     let d = dev.clone();

@@ -57,20 +57,26 @@ fn a_free_is_reused_on_its_stream_without_any_ordering() {
     // Another stream, on a shard of its own, takes a slab of the initial chunk: no ordering.
     let r = pool.allocate(b, 1000, 256).unwrap();
     assert_eq!(order.events(), vec![OrderEvent::SyncAll]);
-    // A third takes the rest; a fourth finds the global core empty and grows it, marking the
-    // growth so that others may take the rest with one wait. Nobody synchronises to reach
-    // a's unmarked blocks.
+    // A third takes the rest; a fourth finds the global core empty. The shards hold more
+    // free memory than it needs, so the pool first synchronises once and takes back every
+    // wholly free slab (growing instead lets shards' slack compound). None is wholly free,
+    // so it grows by what its shard needs (a shard doubles from there), marking the growth
+    // so that others may take the rest with one wait.
     let c = pool.allocate(stream(2), 1000, 256).unwrap();
     let d = pool.allocate(stream(3), 300 * KIB, 256).unwrap();
-    assert_eq!(up.requests(), vec![MIB, MIB]);
+    assert_eq!(up.requests(), vec![MIB, 300 * KIB]);
     assert_eq!(
         order.events(),
-        vec![OrderEvent::SyncAll, OrderEvent::Mark(stream(3).id())]
+        vec![
+            OrderEvent::SyncAll,
+            OrderEvent::SyncAll,
+            OrderEvent::Mark(stream(3).id())
+        ]
     );
     // A block of b's shard freed on `a` goes back to b's shard, sealed by a mark at once.
     free(&pool, a, r, 1000);
     assert_eq!(
-        &order.events()[2..],
+        &order.events()[3..],
         &[OrderEvent::Mark(a.id())],
         "a cross-shard free is marked at once"
     );
@@ -181,18 +187,20 @@ fn at_the_maximum_a_stream_takes_free_memory_inside_another_streams_slab() {
 }
 
 #[test]
-fn growth_takes_the_larger_of_request_and_pool_and_halves_on_failure() {
+fn growth_doubles_the_shard_and_halves_on_failure() {
     let up = ScriptedUpstream::new();
     let (pool, _) = pool_with(up.clone(), PoolOptions::new(MIB));
     let s = stream(0);
     let a = pool.allocate(s, 3 * MIB, 256).unwrap();
     let b = pool.allocate(s, 3 * MIB, 256).unwrap();
-    assert_eq!(up.requests(), vec![MIB, 3 * MIB, 4 * MIB]);
-    // The upstream now refuses more than 3 MiB: 8 MiB fails, 4 MiB fails, then 2 MiB fits.
+    // The shard takes the larger of the request and what it holds (the 1 MiB initial chunk
+    // is too small for either request).
+    assert_eq!(up.requests(), vec![MIB, 3 * MIB, 3 * MIB]);
+    // The upstream now refuses more than 3 MiB: the shard's 6 MiB fails, then 3 MiB fits.
     up.limit
         .store(3 * MIB, std::sync::atomic::Ordering::Relaxed);
     let c = pool.allocate(s, 2 * MIB, 256).unwrap();
-    assert_eq!(&up.requests()[3..], &[8 * MIB, 4 * MIB, 2 * MIB]);
+    assert_eq!(&up.requests()[3..], &[6 * MIB, 3 * MIB]);
     assert_eq!(pool.stats().pool_size, 10 * MIB);
     for (p, n) in [(a, 3 * MIB), (b, 3 * MIB), (c, 2 * MIB)] {
         free(&pool, s, p, n);

@@ -39,6 +39,10 @@ struct Inner {
     pool: PoolHandle,
     owned: bool,
     ipc_export: bool,
+    /// The pool's first export, kept open: the driver refuses `cuMemPoolExportPointer` on a
+    /// pool that was never exported (CUDA_ERROR_INVALID_VALUE, seen on driver 580).
+    #[cfg(unix)]
+    exported: std::sync::OnceLock<std::os::fd::OwnedFd>,
     driver_cap: Option<usize>,
     ledger: Ledger,
 }
@@ -141,6 +145,8 @@ impl AsyncMemoryResource {
                 pool: PoolHandle(pool),
                 owned: true,
                 ipc_export: options.ipc_export,
+                #[cfg(unix)]
+                exported: std::sync::OnceLock::new(),
                 driver_cap,
                 ledger: Ledger::new(NAME, options.hard_limit),
             }),
@@ -201,6 +207,8 @@ impl AsyncMemoryResource {
                 pool: PoolHandle(pool),
                 owned: false,
                 ipc_export: false,
+                #[cfg(unix)]
+                exported: std::sync::OnceLock::new(),
                 driver_cap: None,
                 ledger: Ledger::new(NAME, hard_limit),
             }),

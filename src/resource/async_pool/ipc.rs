@@ -60,6 +60,12 @@ impl AsyncMemoryResource {
                 "the pool was not created with AsyncPoolOptions::ipc_export".into(),
             ));
         }
+        #[cfg(unix)]
+        if self.inner.exported.get().is_none() {
+            let fd = self.export_fd()?;
+            // A racing thread's export is as good: either one stays open.
+            let _ = self.inner.exported.set(fd);
+        }
         let mut data = sys::CUmemPoolPtrExportData_st { reserved: [0; 64] };
         self.inner.device.bind()?;
         // SAFETY: a valid out-slot of the driver's export type; the driver checks the pointer.
@@ -181,8 +187,12 @@ impl ImportedPointer {
 
 impl Drop for ImportedPointer {
     fn drop(&mut self) {
-        // Drop cannot report: callers who care use `free`.
-        let _ = self.release(StreamRef::DEFAULT);
+        // Drop cannot return the error: it is kept for `take_deferred_error` (callers who
+        // want it at once use `free`).
+        crate::deferred::record(
+            "ImportedPointer drop: cuMemFreeAsync",
+            self.release(StreamRef::DEFAULT),
+        );
     }
 }
 
