@@ -123,9 +123,9 @@ def rows(cap):
                     lambda ops: replay_raw(ops, alloc, free), sync))
         empty = lambda size: torch.empty(size, dtype=torch.uint8, device="cuda")  # noqa: E731
         out.append(("torch.empty (native caching allocator)", lambda ops: replay_objects(ops, empty), sync))
-        import carve.torch
+        from carve import torch as ctorch
 
-        mp = carve.torch.mem_pool(carve.PoolResource(carve.CudaResource(0), cap))
+        mp = ctorch.mem_pool(carve.PoolResource(carve.CudaResource(0), cap))
 
         def in_pool(ops):
             with torch.cuda.use_mem_pool(mp):

@@ -16,7 +16,7 @@ import sys
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "python", "tests", "gpu"))
 
-CONFIGS = ["native", "carve-pool", "carve-cuda", "carve-async"]
+CONFIGS = ["native", "native-mempool", "carve-pool", "carve-cuda", "carve-async", "carve-use"]
 MiB = 1 << 20
 
 
@@ -29,7 +29,16 @@ def child(config, steps, warmup):
 
     res = None
     ctx = None
-    if config != "native":
+    upstream = None
+    if config == "native-mempool":
+        # Control: PyTorch's own MemPool, no carve; what routing through a pool costs.
+        ctx = torch.cuda.use_mem_pool(torch.cuda.MemPool())
+    elif config == "carve-use":
+        # carve as PyTorch's only allocator; PyTorch's reserved counters stay empty, so the
+        # pool's upstream is counted instead.
+        upstream = carve.StatisticsAdaptor(carve.CudaResource(0))
+        carve.torch.use(carve.PoolResource(upstream), device=0)
+    elif config != "native":
         base = {
             "carve-pool": lambda: carve.PoolResource(carve.CudaResource(0)),
             "carve-cuda": lambda: carve.CudaResource(0),
@@ -57,9 +66,13 @@ def child(config, steps, warmup):
         "config": config,
         "median_ms": statistics.median(times),
         "mean_ms": statistics.fmean(times),
-        "peak_reserved": torch.cuda.max_memory_reserved(),
-        "peak_allocated": torch.cuda.max_memory_allocated(),
     }
+    if upstream is None:  # a pluggable global allocator has no PyTorch device stats
+        out["peak_reserved"] = torch.cuda.max_memory_reserved()
+        out["peak_allocated"] = torch.cuda.max_memory_allocated()
+    if upstream is not None:
+        out["peak_reserved"] = upstream.stats()["peak_bytes"]
+        out["carve_peak"] = upstream.stats()["peak_bytes"]
     if res is not None:
         s = res.stats()
         out["carve_peak"] = s["peak_bytes"]
@@ -99,6 +112,8 @@ def main():
         "carve-pool": "mem_pool(carve PoolResource(CudaResource))",
         "carve-cuda": "mem_pool(carve CudaResource)",
         "carve-async": "mem_pool(carve AsyncResource)",
+        "native-mempool": "PyTorch MemPool, no carve (control: the cost of a pool)",
+        "carve-use": "carve.torch.use(carve PoolResource(CudaResource)) (reserved: the pool's upstream)",
     }
     for c in CONFIGS:
         ms = statistics.median(r["median_ms"] for r in results[c])

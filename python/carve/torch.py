@@ -81,7 +81,10 @@ def mem_pool(resource: Resource, **kwargs: object) -> "_torch.cuda.MemPool":
 _SHIM = r"""
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
+#include <stdio.h>
 #include <sys/types.h>
+
+#include <string>
 
 namespace {
 using alloc_fn = void* (*)(ssize_t, int, void*);
@@ -99,11 +102,19 @@ extern "C" int carve_shim_init(const char* lib) {
   return carve_alloc != nullptr && carve_error != nullptr ? 0 : 2;
 }
 
-// PyTorch calls this from C++, where exceptions are how allocators report failure.
+// PyTorch calls this from C++, where exceptions are how allocators report failure. The
+// message is built with snprintf, not TORCH_CHECK's iostreams: those, instantiated here by
+// the system compiler, crashed inside PyTorch 2.11's process (a null locale facet).
 extern "C" void* carve_torch_alloc_or_throw(ssize_t size, int device, void* stream) {
   void* p = carve_alloc(size, device, stream);
-  TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr || size == 0,
-                   "carve: CUDA out of memory on device ", device, ": ", carve_error());
+  if (p == nullptr && size != 0) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "carve: CUDA out of memory on device %d: %s", device,
+             carve_error());
+    throw c10::OutOfMemoryError(
+        c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+        std::string(msg));
+  }
   return p;
 }
 """
