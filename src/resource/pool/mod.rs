@@ -355,26 +355,13 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
         if let Some(slab) = take(global, &[desired])? {
             return Ok(slab);
         }
-        // Memory that shards hold free (out of this one's reach without a synchronisation) is
-        // reclaimed before the upstream is asked for more: growing instead lets each shard's
-        // private slack compound, and a soak with 16 streams then reserved a hundred times
-        // what was ever live. A synchronisation on the growth path is the cheaper cost.
-        let gathered = self.shards_free() >= desired;
-        if gathered {
-            self.gather(global)?;
-            if let Some(slab) = take(global, &[desired, needed])? {
-                return Ok(slab);
-            }
-        }
         match self.grow(global, stream, bytes, needed, desired) {
             Ok(()) => {}
             Err(e) if e.is_out_of_memory() => {
                 if let Some(slab) = take(global, &[needed])? {
                     return Ok(slab);
                 }
-                if !gathered {
-                    self.gather(global)?;
-                }
+                self.gather(global)?;
                 return Ok(take(global, &[needed])?.unwrap_or(Slab::Gathered(e)));
             }
             Err(e) => return Err(e),
@@ -384,18 +371,6 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
             resource: NAME,
             detail: "a fresh chunk did not fit the request".to_owned(),
         })
-    }
-
-    /// Bytes the shards hold free (in slabs they took), whoever may reuse them now.
-    fn shards_free(&self) -> usize {
-        self.inner
-            .shards
-            .iter()
-            .map(|s| {
-                let core = lock(&s.core);
-                core.pool_size() - core.in_use()
-            })
-            .sum()
     }
 
     /// Grows the global core by at least `needed` bytes: tries `desired` (the shard's own
@@ -495,6 +470,20 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
                     allocate_from(&mut core, order, stream, bytes, align, Reach::Events)?
                 {
                     return Ok(p);
+                }
+                // At least half the shard is free, yet nothing fits: its free memory is split
+                // among streams (blocks freed on one stream merge only with that stream's).
+                // Merging it all after one synchronisation costs less than growing: a soak
+                // whose threads free each other's blocks otherwise doubled the shard without
+                // end (a hundred times its live bytes). The shard's lock is held throughout, so
+                // no free slips in between the synchronisation and the merge.
+                let free = core.pool_size() - core.in_use();
+                if free >= needed && free >= core.pool_size() / 2 {
+                    order.synchronize_all()?;
+                    core.merge_all();
+                    if let Some(p) = core.take(stream.id(), bytes, align) {
+                        return Ok(p);
+                    }
                 }
                 core.pool_size()
             };
