@@ -9,7 +9,11 @@
 //! - **zero lost blocks**: at the end every resource reports no live block, and after drop every
 //!   upstream (tracked) holds nothing and no teardown error was deferred.
 //!
+//! Every `CARVE_SOAK_SECS / 20` seconds (1 to 30) it prints the bytes each resource holds from its
+//! upstream, so a resource that grows without bound shows while it runs.
+//!
 //! `host_soak` runs everywhere (host memory, simulated streams; `CARVE_SOAK_SECS`, default 3).
+//! `CARVE_SOAK_THREADS` sets the workers (default one per core, 4 to 16).
 //! `gpu_soak` is ignored by default; on the GPU machine run it with
 //! `CARVE_SOAK_SECS=600 .gpu/bin/soak-* --ignored --nocapture` (default 600 s; skips without a
 //! GPU unless `CARVE_REQUIRE_GPU=1`).

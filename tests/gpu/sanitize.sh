@@ -49,6 +49,14 @@ for f in "${filters[@]}"; do
       summary=$(grep -E '(ERROR|RACECHECK|LEAK) SUMMARY' "$log" | tail -n 2 | tr '\n' ' ')
       tests=$(grep -E '^test result:' "$log" | tail -n 1)
       [ -n "$summary" ] || summary="(no sanitizer summary line)"
+      # A binary whose tests make no CUDA call (foreign_heap decodes heaps on the host) leaves
+      # the tool nothing to check: it says so and exits 255. That is not a finding, provided
+      # the tests passed.
+      if [ "$rc" -eq 255 ] && grep -q 'terminated before first instrumented API call' "$log" \
+        && grep -q '^test result: ok' "$log"; then
+        summary="(no CUDA API call: nothing to check)"
+        rc=0
+      fi
       echo "$name $tool: rc=$rc ${secs}s; $summary; ${tests:-no test result line}"
       if [ "$rc" -ne 0 ]; then
         status=1
