@@ -9,12 +9,17 @@
 //! **Shards.** Streams are spread over *shards* (round-robin on first use, see [`shards`]),
 //! each a `PoolCore` (the coalescing engine) behind its own lock, so threads on different streams never share
 //! a lock. Shards carve *slabs* they take from the *global* core, which holds the upstream
-//! chunks; its lock is taken only when a shard needs a slab (a shard doubles each time, as the
-//! pool does, so that is rare). A block freed on a stream of another shard goes back to the shard that carved it, tagged with
-//! the freeing stream and sealed by an event recorded at once, so the owning shard's streams
-//! take it after one `cuStreamWaitEvent`. The whole device is synchronised only as a last
-//! resort before reporting out-of-memory (and in [`release`](PoolMemoryResource::release) and
-//! on drop): then every shard's free memory goes back to the global core.
+//! chunks; its lock is taken only when a shard needs a slab (a shard doubles each time, so that
+//! is rare; the pool grows by what the shard takes, not by its own size, which with many shards
+//! would compound). A block freed on a stream of another shard goes back to the shard that
+//! carved it, tagged with the freeing stream and sealed by an event recorded at once, so the
+//! owning shard's streams take it after one `cuStreamWaitEvent`.
+//!
+//! **Synchronisation.** The whole device is synchronised in two cases only. A shard that is at
+//! least half free yet cannot serve a request (its free memory split among streams) merges
+//! after one synchronisation, before it grows. And as a last resort before reporting
+//! out-of-memory (and in [`release`](PoolMemoryResource::release) and on drop), every shard's
+//! free memory goes back to the global core.
 //!
 //! **Stream lifetime.** The pool names a stream to the driver only inside a call on that
 //! stream (see the coalescing engine, `resource::coalescing`), so streams may be destroyed while blocks freed on them sit in the
@@ -323,7 +328,7 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
     }
 
     /// A slab of at least `needed` bytes for `stream`'s shard (holding `held` bytes). The shard
-    /// doubles (as the pool itself grows by its size): a slab of `held` bytes from free global
+    /// doubles: a slab of `held` bytes from free global
     /// memory, else from growth; failing both (the upstream or the maximum is exhausted), the
     /// smallest slab that serves the request, then everything the shards hold free, after a
     /// device-wide synchronisation.
