@@ -133,3 +133,4 @@ impl Zeroed for HeapHandle {
         bytemuck::Zeroable::zeroed()
     }
 }
+pub mod lockstep;
