@@ -116,7 +116,10 @@ mod tests {
             let c = class_size(class);
             assert!(c >= r, "request {r} in class {class} of {c} bytes");
             if class > 0 {
-                assert!(class_size(class - 1) < r, "request {r}: a smaller class fits");
+                assert!(
+                    class_size(class - 1) < r,
+                    "request {r}: a smaller class fits"
+                );
             }
             if r > 64 {
                 assert!(5 * (c - r) < c, "request {r}: waste {} of {c}", c - r);

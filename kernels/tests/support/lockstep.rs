@@ -145,8 +145,15 @@ impl Lane<'_> {
         let me = 1u32 << self.lane;
         let mut g = self.shared.lock();
         self.check(&g);
-        assert!(mask & me != 0, "lane {} calls a collective of {mask:#x}", self.lane);
-        assert!(mask & !g.lanes == 0, "mask {mask:#x} names lanes never launched");
+        assert!(
+            mask & me != 0,
+            "lane {} calls a collective of {mask:#x}",
+            self.lane
+        );
+        assert!(
+            mask & !g.lanes == 0,
+            "mask {mask:#x} names lanes never launched"
+        );
         let running = g.lanes & !g.exited;
         // The open call with this mask (up to lanes that finished since) that this lane has not
         // joined yet, else a new one.
