@@ -388,7 +388,8 @@ fn slab_32_lanes_exhaust_exactly_and_recover() {
 /// frees of each segment, one segment per call, leave each one's counts and bitmap exact.
 #[test]
 fn slab_32_lanes_chain_of_two_segments() {
-    let (a, b, head) = two_segments();
+    let (a, b) = two_segments();
+    let head = chain(&a, &b);
     let got = lockstep::run(32, 0, |w| {
         let held = fill_two_segments(&head, w);
         // One block of `a` (round 0), then one of `b` (round 2), per lane.
@@ -412,7 +413,8 @@ fn slab_32_lanes_chain_of_two_segments() {
 #[test]
 #[ignore = "finds a bug in slab::chain_free_each across segments; see the comment"]
 fn slab_32_lanes_free_into_two_segments_in_one_call() {
-    let (a, b, head) = two_segments();
+    let (a, b) = two_segments();
+    let head = chain(&a, &b);
     let got = lockstep::run(32, 0, |w| {
         let held = fill_two_segments(&head, w);
         let p = held[if w.lane() % 2 == 0 { 0 } else { 2 }] as *mut u8;
@@ -423,13 +425,20 @@ fn slab_32_lanes_free_into_two_segments_in_one_call() {
     check_two_segments(&a, &b, &got, (16, 16));
 }
 
-/// Segments of 64 and 48 blocks, and a copy of the first's handle that chains them.
-fn two_segments() -> (HostHeap, HostHeap, HeapHandle) {
-    let a = HostHeap::slab(64, 16, None, FLAG_CHECKED_FREES);
-    let b = HostHeap::slab(48, 16, None, FLAG_CHECKED_FREES);
+/// Segments of 64 and 48 blocks.
+fn two_segments() -> (HostHeap, HostHeap) {
+    (
+        HostHeap::slab(64, 16, None, FLAG_CHECKED_FREES),
+        HostHeap::slab(48, 16, None, FLAG_CHECKED_FREES),
+    )
+}
+
+/// A copy of `a`'s handle that chains `b` after it (taken once the heaps stay put: moving a
+/// `HostHeap` moves its boxed handle, which Miri treats as invalidating the address).
+fn chain(a: &HostHeap, b: &HostHeap) -> HeapHandle {
     let mut head = *a.handle;
     head.next = &*b.handle as *const HeapHandle as u64;
-    (a, b, head)
+    head
 }
 
 /// Five whole-warp rounds for 112 blocks: rounds 0 and 1 fill `a`, 2 and 3 fill `b`.
