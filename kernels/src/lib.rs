@@ -24,6 +24,7 @@ extern crate std;
 pub mod blocks;
 pub mod bump;
 pub mod heap_layout;
+pub mod size_class;
 pub mod slab;
 pub mod smoke;
 pub mod sync;

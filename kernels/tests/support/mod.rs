@@ -8,18 +8,20 @@ use carve_kernels::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// A formatted heap segment whose arrays live in this struct.
 pub struct HostHeap {
     pub handle: Box<HeapHandle>,
-    counters: Box<[AtomicU64]>,
-    used: Box<[AtomicU32]>,
-    peak: Box<[AtomicU32]>,
-    offset: Box<AtomicU64>,
-    words: Box<[AtomicU64]>,
+    // Vecs, not boxes: moving a `Box` retags it under Miri's Stacked Borrows, which would
+    // invalidate the addresses the handle holds.
+    counters: Vec<AtomicU64>,
+    used: Vec<AtomicU32>,
+    peak: Vec<AtomicU32>,
+    offset: Vec<AtomicU64>,
+    words: Vec<AtomicU64>,
     data: Vec<u128>,
 }
 
-fn atomics64(n: usize) -> Box<[AtomicU64]> {
+fn atomics64(n: usize) -> Vec<AtomicU64> {
     (0..n).map(|_| AtomicU64::new(0)).collect()
 }
-fn atomics32(n: usize) -> Box<[AtomicU32]> {
+fn atomics32(n: usize) -> Vec<AtomicU32> {
     (0..n).map(|_| AtomicU32::new(0)).collect()
 }
 
@@ -38,7 +40,7 @@ impl HostHeap {
             counters: atomics64(COUNTERS * COUNTER_SLOTS),
             used: atomics32(g.nshards as usize),
             peak: atomics32(g.nshards as usize),
-            offset: Box::new(AtomicU64::new(0)),
+            offset: atomics64(1),
             words: atomics64(g.nwords as usize),
             data,
         };
@@ -61,7 +63,7 @@ impl HostHeap {
             counters: atomics64(COUNTERS * COUNTER_SLOTS),
             used: atomics32(0),
             peak: atomics32(0),
-            offset: Box::new(AtomicU64::new(0)),
+            offset: atomics64(1),
             words: atomics64(nslots as usize),
             data,
         };
@@ -71,7 +73,7 @@ impl HostHeap {
             capacity,
             data: heap.data.as_ptr() as u64,
             counters: heap.counters.as_ptr() as u64,
-            shard_used: &*heap.offset as *const AtomicU64 as u64,
+            shard_used: heap.offset.as_ptr() as u64,
             words: heap.words.as_ptr() as u64,
             nwords: nslots,
             shard_words_log2: chunk_log2,
@@ -116,7 +118,7 @@ impl HostHeap {
     }
 
     pub fn bump_offset(&self) -> u64 {
-        self.offset.load(Ordering::Relaxed)
+        self.offset[0].load(Ordering::Relaxed)
     }
 }
 
@@ -133,3 +135,4 @@ impl Zeroed for HeapHandle {
         bytemuck::Zeroable::zeroed()
     }
 }
+pub mod lockstep;
