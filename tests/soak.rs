@@ -315,10 +315,11 @@ fn run_soak(
         }
         let soak = &soak;
         s.spawn(move || {
+            let period = (duration / 20).clamp(Duration::from_secs(1), Duration::from_secs(30));
             while Instant::now() < soak.deadline {
-                std::thread::sleep(
-                    (duration / 20).clamp(Duration::from_secs(1), Duration::from_secs(30)),
-                );
+                // Never past the deadline: the workers' end must not wait for a report.
+                let left = soak.deadline.saturating_duration_since(Instant::now());
+                std::thread::sleep(period.min(left));
                 let held: Vec<String> = resources
                     .iter()
                     .map(|r| format!("{} {:.0}", r.name, (r.reserved)() as f64 / (1 << 20) as f64))
