@@ -12,7 +12,7 @@ use super::{CountingBacking, PhysicalBacking, SimulatedBacking};
 use super::{VirtualMemoryResource, VirtualOptions, VirtualStats};
 use crate::driver::Device;
 use crate::error::{Error, Result};
-use crate::resource::{CudaOrder, MemoryResource, Properties, StreamOrder};
+use crate::resource::{MemoryResource, Properties, StreamOrder};
 use crate::stream::StreamRef;
 
 /// How an [`ExpandableMemoryResource`] is sized.
@@ -86,20 +86,10 @@ impl ExpandableMemoryResource<CudaBacking> {
     pub fn on_device(
         device: &Device,
         backing: CudaBackingOptions,
-        options: ExpandableOptions,
+        mut options: ExpandableOptions,
     ) -> Result<Self> {
         let backing = CudaBacking::new(device, backing)?;
-        let options = ExpandableOptions {
-            maximum: match options.maximum {
-                Some(m) => Some(m),
-                None => Some(device.mem_info()?.total),
-            },
-            order: match options.order {
-                Some(o) => Some(o),
-                None => Some(Arc::new(CudaOrder::new(device))),
-            },
-            ..options
-        };
+        super::fill_device_defaults(device, &mut options.maximum, &mut options.order)?;
         Self::new(backing, options)
     }
 }

@@ -203,22 +203,26 @@ impl VirtualMemoryResource<CudaBacking> {
     pub fn on_device(
         device: &Device,
         backing: CudaBackingOptions,
-        options: VirtualOptions,
+        mut options: VirtualOptions,
     ) -> Result<Self> {
         let backing = CudaBacking::new(device, backing)?;
-        let options = VirtualOptions {
-            maximum: match options.maximum {
-                Some(m) => Some(m),
-                None => Some(device.mem_info()?.total),
-            },
-            order: match options.order {
-                Some(o) => Some(o),
-                None => Some(Arc::new(CudaOrder::new(device))),
-            },
-            ..options
-        };
+        fill_device_defaults(device, &mut options.maximum, &mut options.order)?;
         Self::new(backing, options)
     }
+}
+
+/// Fills in what the device constructors default: the device's total memory as the maximum,
+/// and event ordering on the device.
+fn fill_device_defaults(
+    device: &Device,
+    maximum: &mut Option<usize>,
+    order: &mut Option<Arc<dyn StreamOrder>>,
+) -> Result<()> {
+    if maximum.is_none() {
+        *maximum = Some(device.mem_info()?.total);
+    }
+    order.get_or_insert_with(|| Arc::new(CudaOrder::new(device)));
+    Ok(())
 }
 
 impl VirtualMemoryResource<SimulatedBacking> {
