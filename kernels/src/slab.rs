@@ -517,7 +517,13 @@ impl<'a> Slab<'a> {
     /// clears them all with one `fetch_and`; otherwise each lane clears its own bit.
     #[inline(always)]
     pub fn free_index<W: Warp>(&self, warp: &W, idx: u64) {
-        let active = warp.active();
+        self.free_index_among(warp, idx, warp.active())
+    }
+
+    /// [`free_index`](Self::free_index) among the lanes of `active` only: the lanes (this one
+    /// included) that free into this segment in this call.
+    #[inline(always)]
+    pub fn free_index_among<W: Warp>(&self, warp: &W, idx: u64, active: u32) {
         let lane = warp.lane();
         let word = (idx >> 6) as u32;
         let b = (idx & 63) as u32;
@@ -642,7 +648,17 @@ pub unsafe fn chain_free_each<W: Warp>(h: &HeapHandle, warp: &W, ptr: *mut u8) {
         // SAFETY: the caller vouches for every segment of the chain.
         let slab = unsafe { Slab::new(h) };
         if let Some(idx) = slab.index_of(ptr) {
-            slab.free_index(warp, idx);
+            // Lanes that found other segments may be converged here too: group by segment
+            // first, or a group's head would clear a run of its own segment's word that
+            // belongs to another segment's lanes.
+            let active = warp.active();
+            let seg = h as *const HeapHandle as u64;
+            let same = if warp.match_all(active, seg) {
+                active
+            } else {
+                warp.match_any(active, seg)
+            };
+            slab.free_index_among(warp, idx, same);
             return;
         }
         if h.next == 0 {

@@ -403,15 +403,12 @@ fn slab_32_lanes_chain_of_two_segments() {
 }
 
 /// As above, but even lanes free a block of `a` and odd lanes one of `b` in the same call.
-///
-/// Ignored: it fails. `chain_free_each` lets each lane find its segment, then calls
-/// `free_index`, which takes `active()` as the lanes freeing into the same segment. When lanes
-/// freeing into `a` and into `b` arrive at `free_index` converged (this emulator's `active()`
-/// groups every lane waiting there; `activemask` on the GPU may do the same), they group by
-/// bitmap word alone, and the head lane clears the whole run in its own segment: blocks of `a`
-/// that odd lanes still hold are freed, and `b` keeps the blocks they gave back.
+/// Lanes freeing into `a` and into `b` may reach the segment's free converged (this emulator's
+/// `active()` groups every lane waiting there; `activemask` on the GPU may do the same):
+/// `chain_free_each` must group them by segment before it groups by bitmap word. (Before it
+/// did, the head lane cleared the whole run in its own segment: blocks of `a` that odd lanes
+/// still held were freed, and `b` kept the blocks they gave back.)
 #[test]
-#[ignore = "finds a bug in slab::chain_free_each across segments; see the comment"]
 fn slab_32_lanes_free_into_two_segments_in_one_call() {
     let (a, b) = two_segments();
     let head = chain(&a, &b);
