@@ -747,6 +747,7 @@ pub(crate) enum Reach {
 /// request, every free block merged after one device-wide synchronisation, so fragmentation
 /// across streams never forces growth. No stream but `stream` is named to `order`'s driver
 /// calls.
+#[inline]
 pub(crate) fn allocate_from(
     core: &mut PoolCore,
     order: &dyn StreamOrder,
@@ -784,6 +785,7 @@ pub(crate) fn allocate_from(
 
 /// Frees a block into `core`, sealing `stream`'s fresh blocks when a mark is due (or at once
 /// with `mark_now`, for a block whose core other streams allocate from).
+#[inline]
 pub(crate) fn free_into(
     core: &mut PoolCore,
     order: &dyn StreamOrder,
