@@ -499,4 +499,23 @@ fn free_memory_split_among_streams_is_merged_after_one_synchronisation_before_gr
     pool.check_invariants().unwrap();
     free(&pool, a, big, 768 * KIB);
     assert_eq!(pool.stats().bytes_in_use, 0);
+    // Free memory that is already merged is not synchronised for again: a request that does
+    // not fit grows the pool at once.
+    let before = order.events().len();
+    let whole = pool.allocate(a, MIB, 256).unwrap();
+    free(&pool, a, whole, MIB);
+    let (x, y) = (
+        pool.allocate(a, 256 * KIB, 256).unwrap(),
+        pool.allocate(a, 512 * KIB, 256).unwrap(),
+    );
+    free(&pool, a, x, 256 * KIB);
+    let synced =
+        |events: &[OrderEvent]| events.iter().filter(|e| **e == OrderEvent::SyncAll).count();
+    let z = pool.allocate(a, 512 * KIB, 256).unwrap();
+    assert_eq!(up.requests().len(), 2, "grew once");
+    assert_eq!(synced(&order.events()[before..]), 0);
+    for (p, n) in [(y, 512 * KIB), (z, 512 * KIB)] {
+        free(&pool, a, p, n);
+    }
+    pool.check_invariants().unwrap();
 }

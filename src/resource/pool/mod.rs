@@ -476,14 +476,15 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
                 {
                     return Ok(p);
                 }
-                // At least half the shard is free, yet nothing fits: its free memory is split
-                // among streams (blocks freed on one stream merge only with that stream's).
+                // At least half the shard is free, yet nothing fits, and the free memory is
+                // split among streams (blocks freed on one stream merge only with that
+                // stream's until a synchronisation).
                 // Merging it all after one synchronisation costs less than growing: a soak
                 // whose threads free each other's blocks otherwise doubled the shard without
                 // end (a hundred times its live bytes). The shard's lock is held throughout, so
                 // no free slips in between the synchronisation and the merge.
                 let free = core.pool_size() - core.in_use();
-                if free >= needed && free >= core.pool_size() / 2 {
+                if free >= needed && free >= core.pool_size() / 2 && core.free_is_split() {
                     order.synchronize_all()?;
                     core.merge_all();
                     if let Some(p) = core.take(stream.id(), bytes, align) {
