@@ -167,3 +167,34 @@ fn binning_over_a_pool_sends_large_requests_to_the_pool() {
     mr.upstream().check_invariants().unwrap();
     assert_eq!(mr.upstream().stats().bytes_in_use, 0);
 }
+
+/// `over_pool`: bins refill from the same pool, so a request in every bin costs the upstream
+/// no allocation once the pool holds memory, and each refill is a block of the pool.
+#[test]
+fn binning_over_a_pool_refills_its_bins_from_the_pool() {
+    let host = HostMemoryResource::new();
+    let opts = PoolOptions::new(64 << 20);
+    let mr = BinningMemoryResource::over_pool(host.clone(), 8, 12, opts).unwrap();
+    assert_eq!(host.allocation_count(), 1, "the pool's initial chunk");
+    let s = common::stream(0);
+    let sizes = [200, 300, 700, 2000, 4000];
+    let small: Vec<_> = sizes
+        .iter()
+        .map(|&b| (mr.allocate(s, b, 256).unwrap(), b))
+        .collect();
+    assert_eq!(
+        host.allocation_count(),
+        1,
+        "bins refilled from the upstream"
+    );
+    assert_eq!(
+        mr.upstream().stats().live_blocks,
+        sizes.len(),
+        "one refill per bin, each a block of the pool"
+    );
+    for (p, b) in small {
+        // SAFETY: from `mr` with these arguments, freed once.
+        unsafe { mr.deallocate(s, p, b, 256) }.unwrap();
+    }
+    mr.upstream().check_invariants().unwrap();
+}

@@ -103,7 +103,7 @@ impl ResourceOptions {
 /// `--large-upstream`: where binning sends requests above its largest bin.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum LargeUpstream {
-    /// A coalescing pool over the upstream.
+    /// A coalescing pool over the upstream, which the bins refill from too.
     #[default]
     Pool,
     /// The upstream itself, one request at a time (cuMemAlloc on a GPU).
@@ -397,8 +397,9 @@ fn counted_suballocator<U: crate::resource::MemoryResource + 'static>(
 ///
 /// Defaults when sizes are not given: the pool and arena start empty and grow without bound; the
 /// fixed-size resource uses 1 MiB blocks; binning uses power-of-two bins from 256 B up to
-/// `block_size` (4 MiB), larger requests going to a pool over the upstream (or, with
-/// [`LargeUpstream::Direct`], to the upstream itself).
+/// `block_size` (4 MiB), refilled from a pool over the upstream that also serves larger
+/// requests (or, with [`LargeUpstream::Direct`], bins and larger requests over the upstream
+/// itself).
 ///
 /// For the pool, the probes include its fragmentation and largest free block.
 fn suballocator(opts: &ResourceOptions, upstream: SharedResource) -> Result<Probes> {

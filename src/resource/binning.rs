@@ -1,6 +1,7 @@
 //! [`BinningMemoryResource`]: requests rounded up to a bin, each bin its own resource (by default
 //! a [`FixedSizeMemoryResource`] over the shared upstream); larger requests go to a configurable
-//! upstream, by default ([`BinningMemoryResource::over_pool`]) a coalescing pool.
+//! upstream, by default ([`BinningMemoryResource::over_pool`]) a coalescing pool that the bins
+//! refill from too.
 
 use std::fmt;
 use std::ptr::NonNull;
@@ -81,13 +82,15 @@ impl<R: MemoryResource> BinningMemoryResource<R> {
     }
 }
 
-impl<U: MemoryResource + Clone + 'static> BinningMemoryResource<PoolMemoryResource<U>> {
-    /// Power-of-two bins `2^min_exp ..= 2^max_exp` over `upstream`, and a coalescing pool over
-    /// `upstream` (sized by `pool`) for larger requests: the default shape, which never sends a
-    /// large request to a slow upstream on its own.
+impl<U: MemoryResource + 'static> BinningMemoryResource<PoolMemoryResource<U>> {
+    /// Power-of-two bins `2^min_exp ..= 2^max_exp` and larger requests, all served from one
+    /// coalescing pool over `upstream` (sized by `pool`): the default shape. Neither a bin's
+    /// refill nor a large request reaches a slow upstream on its own (fifteen bins refilling
+    /// 4 MiB each from cuMemAlloc made a 3,460-operation trace cost 2.9 µs per operation), and
+    /// the bins and the large requests share the pool's memory.
     pub fn over_pool(upstream: U, min_exp: u32, max_exp: u32, pool: PoolOptions) -> Result<Self> {
-        let large = PoolMemoryResource::new(upstream.clone(), pool)?;
-        Self::with_large_upstream(upstream, large, min_exp, max_exp)
+        let pool = PoolMemoryResource::new(upstream, pool)?;
+        Self::with_large_upstream(pool.clone(), pool, min_exp, max_exp)
     }
 }
 
