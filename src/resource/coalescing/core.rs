@@ -372,6 +372,7 @@ impl PoolCore {
     }
 
     /// Frees a live block on `stream`.
+    #[inline]
     pub fn free(
         &mut self,
         name: &'static str,

@@ -161,6 +161,7 @@ impl<R: MemoryResource> Clone for PoolMemoryResource<R> {
 
 /// Every mutation of a core completes before it can panic (no upstream call or user code runs
 /// mid-update), so a poisoned lock still guards a consistent core.
+#[inline]
 fn lock(m: &Mutex<PoolCore>) -> MutexGuard<'_, PoolCore> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -435,6 +436,7 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
     }
 
     /// Frees into shard `i`; `Ok(false)` when the block is not one of its live blocks.
+    #[inline]
     fn free_in_shard(
         &self,
         i: usize,
