@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Training-step time and peak reserved memory of a small transformer (tests/gpu/transformer.py)
-with PyTorch's native caching allocator and with carve under carve.torch.mem_pool. Each
+with PyTorch's native caching allocator and with carve under carve.torch.pool. Each
 configuration runs in a fresh process (peaks are per process); the same seeds and shapes.
 
     python3 bench/python/transformer_step.py [--steps 200]
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -31,8 +32,11 @@ def child(config, steps, warmup):
     ctx = None
     upstream = None
     if config == "native-mempool":
-        # Control: PyTorch's own MemPool, no carve; what routing through a pool costs.
-        ctx = torch.cuda.use_mem_pool(torch.cuda.MemPool())
+        # Control: PyTorch's own MemPool, no carve, entered as carve.torch.pool enters its
+        # pool (backward on the calling thread); what routing through a pool costs.
+        ctx = contextlib.ExitStack()
+        ctx.enter_context(torch.cuda.use_mem_pool(torch.cuda.MemPool()))
+        ctx.enter_context(torch.autograd.set_multithreading_enabled(False))
     elif config == "carve-use":
         # carve as PyTorch's only allocator; PyTorch's reserved counters stay empty, so the
         # pool's upstream is counted instead.
@@ -45,7 +49,7 @@ def child(config, steps, warmup):
             "carve-async": lambda: carve.AsyncResource(0),
         }[config]()
         res = carve.StatisticsAdaptor(base)
-        ctx = torch.cuda.use_mem_pool(carve.torch.mem_pool(res))
+        ctx = carve.torch.pool(res)
     if ctx:
         ctx.__enter__()
     model = make_model(seed=0)
@@ -85,7 +89,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per config")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds per config")
     ap.add_argument("--child", choices=CONFIGS)
     args = ap.parse_args()
     if args.child:
@@ -109,10 +113,10 @@ def main():
     print("| --- | --- | --- | --- | --- | --- |")
     names = {
         "native": "PyTorch caching allocator (native)",
-        "carve-pool": "mem_pool(carve PoolResource(CudaResource))",
-        "carve-cuda": "mem_pool(carve CudaResource)",
-        "carve-async": "mem_pool(carve AsyncResource)",
-        "native-mempool": "PyTorch MemPool, no carve (control: the cost of a pool)",
+        "carve-pool": "carve.torch.pool(carve PoolResource(CudaResource))",
+        "carve-cuda": "carve.torch.pool(carve CudaResource)",
+        "carve-async": "carve.torch.pool(carve AsyncResource)",
+        "native-mempool": "PyTorch MemPool, no carve, backward on the calling thread (control)",
         "carve-use": "carve.torch.use(carve PoolResource(CudaResource)) (reserved: the pool's upstream)",
     }
     for c in CONFIGS:

@@ -5,9 +5,15 @@ resource. PyTorch's caching allocator stays in charge of blocks, so ``memory_sta
 snapshots, ``torch.compile``, CUDA graphs and the out-of-memory retry keep working, and an
 exhausted carve resource surfaces as ``torch.OutOfMemoryError``::
 
-    pool = carve.torch.mem_pool(carve.PoolResource(carve.CudaResource(0), 1 << 30))
-    with torch.cuda.use_mem_pool(pool):
-        y = model(x)
+    with carve.torch.pool(carve.PoolResource(carve.CudaResource(0), 1 << 30)):
+        loss = model(x).sum()
+        loss.backward()
+
+:func:`pool` enters ``torch.cuda.use_mem_pool`` and runs autograd's backward pass on the calling
+thread: PyTorch routes only the entering thread's allocations to a ``MemPool``, and backward
+runs on autograd's worker threads by default, so its tensors would otherwise land in PyTorch's
+default pool, which then reserves segments of its own beside the carve-backed ones.
+:func:`mem_pool` gives the pool alone, for ``torch.cuda.use_mem_pool``.
 
 :func:`use` replaces PyTorch's allocator for the whole process
 (``torch.cuda.memory.change_current_allocator``): every tensor is allocated and freed by the
@@ -29,14 +35,15 @@ import os
 import subprocess
 import tempfile
 import warnings
-from typing import Dict, Optional, Tuple
+from contextlib import contextmanager
+from typing import Dict, Iterator, Optional, Tuple
 
 import torch as _torch
 
 from . import _carve, lib_path
 from ._resources import Resource, set_current_resource
 
-__all__ = ["mem_pool", "use", "pluggable_allocator", "slot_of"]
+__all__ = ["pool", "mem_pool", "use", "pluggable_allocator", "slot_of"]
 
 # slot -> (resource, CUDAPluggableAllocator); kept alive for the life of the process because
 # PyTorch may call a pool's free function until it exits.
@@ -76,6 +83,27 @@ def mem_pool(resource: Resource, **kwargs: object) -> "_torch.cuda.MemPool":
     go to ``MemPool`` (e.g. ``use_on_oom``). Use it with ``torch.cuda.use_mem_pool(pool)``."""
     alloc = pluggable_allocator(resource)
     return _torch.cuda.MemPool(alloc.allocator(), **kwargs)  # type: ignore[attr-defined]
+
+
+@contextmanager
+def pool(
+    resource: Resource, *, autograd_threads: bool = False, **kwargs: object
+) -> Iterator["_torch.cuda.MemPool"]:
+    """Allocates every tensor of the block, backward pass included, from a :func:`mem_pool`
+    over ``resource``; yields the pool. Extra keyword arguments go to ``MemPool``.
+
+    Inside the block autograd runs backward on the calling thread
+    (``torch.autograd.set_multithreading_enabled(False)``), since a ``MemPool`` only receives
+    the allocations of the thread that entered it. ``autograd_threads=True`` keeps autograd's
+    worker threads; their allocations then go to PyTorch's default pool.
+    """
+    p = mem_pool(resource, **kwargs)
+    with _torch.cuda.use_mem_pool(p):
+        if autograd_threads:
+            yield p
+        else:
+            with _torch.autograd.set_multithreading_enabled(False):
+                yield p
 
 
 _SHIM = r"""
