@@ -372,7 +372,7 @@ impl PoolCore {
     }
 
     /// Frees a live block on `stream`.
-    #[inline]
+    #[inline(always)]
     pub fn free(
         &mut self,
         name: &'static str,
