@@ -330,7 +330,6 @@ fn check_block_size(block_size: u64) -> Result<()> {
     Ok(())
 }
 
-/// Block alignment: the block size when it is a power of two (up to 4 KiB), else 16.
 /// The alignment a heap's base needs: its blocks' alignment, and at least [`DEFAULT_ALIGNMENT`].
 fn region_align(kind: HeapKind) -> usize {
     match kind {
@@ -339,12 +338,10 @@ fn region_align(kind: HeapKind) -> usize {
     }
 }
 
+/// Block alignment: the block size when it is a power of two (up to 4 KiB), else 16.
 fn block_align(block_size: u64) -> u64 {
-    if block_size.is_power_of_two() {
-        block_size.min(layout::MAX_BLOCK_ALIGN)
-    } else {
-        layout::MIN_BLOCK
-    }
+    // Shared with the kernels, which promise this alignment to Rust's allocator API.
+    layout::slab_block_align(block_size)
 }
 
 /// The handle (addresses relative to 0) and layout of a slab segment.
