@@ -23,6 +23,7 @@ extern crate std;
 
 pub mod blocks;
 pub mod bump;
+pub mod global_alloc;
 pub mod heap_layout;
 pub mod size_class;
 pub mod slab;
