@@ -20,6 +20,10 @@
 
 #[cfg(test)]
 extern crate std;
+// Only the test module's kernels use `alloc` (through `global_alloc::CarveAlloc`); the shipped
+// module links no `alloc` code.
+#[cfg(all(target_arch = "nvptx64", feature = "test-kernels"))]
+extern crate alloc;
 
 pub mod blocks;
 pub mod bump;

@@ -5,7 +5,8 @@
 //! - **Format** is a memset of the metadata and one 128-byte copy of the [`HeapHandle`]: no kernel.
 //! - **Kernels** get the heap's device address ([`DeviceHeap::device_ptr`]), which is the address
 //!   of its handle, and call `carve_slab_alloc(heap)` / `carve_slab_free(heap, p)` /
-//!   `carve_bump_alloc(heap, bytes, align)` (see `kernels/carve_heap.h`).
+//!   `carve_bump_alloc(heap, bytes, align)` (see `kernels/carve_heap.h`). Rust kernels can also
+//!   allocate through `alloc` (`Box`, `Vec`) with `carve_kernels::global_alloc::CarveAlloc`.
 //! - **Statistics** are one copy of each segment's metadata prefix ([`DeviceHeap::stats`]).
 //! - **Other processes** (Numba, CuPy) format heaps in their own memory with
 //!   [`ForeignHeapPlan`], or `carve heap-layout` from the command line.
