@@ -28,7 +28,9 @@ pub fn ptx(
         .args([
             "--target",
             TARGET,
-            "-Zbuild-std=core",
+            // `alloc` for kernels that use it through `global_alloc::CarveAlloc` (the test
+            // module); a crate that does not name it links none of it.
+            "-Zbuild-std=core,alloc",
             "--crate-type=cdylib",
         ]);
     if !features.is_empty() {

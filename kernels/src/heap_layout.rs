@@ -40,6 +40,22 @@ pub const MIN_BLOCK: u64 = 16;
 /// aligned to their size).
 pub const MAX_BLOCK_ALIGN: u64 = 4096;
 
+/// The alignment of every block of a slab of `block_size`-byte blocks: the block size when it is
+/// a power of two (up to [`MAX_BLOCK_ALIGN`]), else [`MIN_BLOCK`]. The host aligns the data to it
+/// (the `block_align` of [`slab_layout`]); Rust's allocator in kernels promises it
+/// (`crate::global_alloc`).
+pub const fn slab_block_align(block_size: u64) -> u64 {
+    if block_size.is_power_of_two() {
+        if block_size < MAX_BLOCK_ALIGN {
+            block_size
+        } else {
+            MAX_BLOCK_ALIGN
+        }
+    } else {
+        MIN_BLOCK
+    }
+}
+
 /// Bump chunk tag meaning "this slot has no chunk yet" (the zeroed state).
 pub const CHUNK_NONE: u32 = 0;
 /// Bump chunk tag meaning "the arena could not give this slot another chunk".
@@ -282,6 +298,16 @@ mod tests {
         assert!(l.data >= l.meta_end && l.data.is_multiple_of(256));
         assert_eq!(l.total, l.data + 48_000);
         assert!(slab_layout(g, u64::MAX / 2, 4096, 4096).is_none());
+    }
+
+    #[test]
+    fn block_alignment_follows_power_of_two_sizes() {
+        assert_eq!(slab_block_align(16), 16);
+        assert_eq!(slab_block_align(64), 64);
+        assert_eq!(slab_block_align(4096), 4096);
+        assert_eq!(slab_block_align(1 << 20), MAX_BLOCK_ALIGN);
+        assert_eq!(slab_block_align(48), MIN_BLOCK);
+        assert_eq!(slab_block_align(96), MIN_BLOCK);
     }
 
     #[test]

@@ -20,9 +20,14 @@
 
 #[cfg(test)]
 extern crate std;
+// Only the test module's kernels use `alloc` (through `global_alloc::CarveAlloc`); the shipped
+// module links no `alloc` code.
+#[cfg(all(target_arch = "nvptx64", feature = "test-kernels"))]
+extern crate alloc;
 
 pub mod blocks;
 pub mod bump;
+pub mod global_alloc;
 pub mod heap_layout;
 pub mod size_class;
 pub mod slab;

@@ -3,6 +3,9 @@
 //! module of their own (feature `test-kernels`), so the shipped PTX exports exactly the ABI in
 //! `kernels/carve_heap.h`.
 
+use alloc::vec::Vec;
+
+use crate::global_alloc::CarveAlloc;
 use crate::heap_entry::{
     carve_bump_alloc, carve_slab_alloc, carve_slab_free, slab_alloc_with, slab_free_with,
 };
@@ -284,6 +287,58 @@ pub unsafe extern "ptx-kernel" fn carve_heap_slab_churn(
         // SAFETY: i < n.
         unsafe { slot.write(q as u64) };
     }
+}
+
+// This module is the kernel crate here: it opts in to carve's allocator as any crate whose
+// kernels use `alloc` would (the shipped module, built without `test-kernels`, declares none).
+#[global_allocator]
+static ALLOC: CarveAlloc = CarveAlloc::new();
+
+/// Thread `i < n` builds a `Vec<u32>` of `i, i + 1, .., i + len - 1` with [`ALLOC`] over the heap
+/// at `heap`, half and then the rest (so the second reserve grows the first allocation: in place
+/// on a slab, by a copy on a bump arena), and writes its sum to `out[i]`, or `u64::MAX` when an
+/// allocation failed. Then it drops the Vec (freeing a slab block), or, when `keep != 0`, leaks
+/// it, so that a slab's blocks stay in use for the host to count.
+///
+/// # Safety
+/// `heap` as for [`carve_slab_alloc`] (a slab or a bump arena); `out` holds `n` `u64`s; no launch
+/// with another heap runs from this module at the same time (see `crate::global_alloc`).
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn carve_test_vec_sum(
+    heap: *const HeapHandle,
+    out: *mut u64,
+    n: u64,
+    len: u32,
+    keep: u32,
+) {
+    // SAFETY: the caller's contract: one live heap for the whole launch.
+    unsafe { ALLOC.set_heap(heap) };
+    if let Some(i) = tid(n) {
+        let sum = vec_sum(i as u32, len, keep != 0).unwrap_or(u64::MAX);
+        // SAFETY: i < n.
+        unsafe { out.add(i).write(sum) };
+    }
+}
+
+/// The sum of `first..first + len` (wrapping in `u32`) held in a `Vec`; `None` when the heap
+/// refused an allocation. Only fallible reserves allocate: `push` stays within capacity.
+#[inline(never)]
+fn vec_sum(first: u32, len: u32, keep: bool) -> Option<u64> {
+    let half = len / 2;
+    let mut v: Vec<u32> = Vec::new();
+    v.try_reserve_exact(half as usize).ok()?;
+    for k in 0..half {
+        v.push(first.wrapping_add(k));
+    }
+    v.try_reserve_exact((len - half) as usize).ok()?;
+    for k in half..len {
+        v.push(first.wrapping_add(k));
+    }
+    let sum = v.iter().map(|&x| x as u64).sum();
+    if keep {
+        core::mem::forget(v);
+    }
+    Some(sum)
 }
 
 /// Ablation for the benchmark: [`carve_heap_slab_alloc`] with relaxed bitmap atomics, to

@@ -87,6 +87,13 @@ impl<'a> HeapKernels<'a> {
         pattern_check => "carve_heap_pattern_check"(ptrs: u64, n: u64, bytes: u64, bad: u64)
     );
     launcher!(
+        /// Thread `i < n` builds a `Vec<u32>` of `len` elements `i, i + 1, ..` with Rust's
+        /// allocator over the heap at `heap` (slab or bump; `carve_kernels::global_alloc`), and
+        /// writes its sum to `out[i]`, or `u64::MAX` if an allocation failed; then drops the Vec,
+        /// or with `keep != 0` leaks it. Launches with different heaps must not overlap.
+        vec_sum => "carve_test_vec_sum"(heap: u64, out: u64, n: u64, len: u32, keep: u32)
+    );
+    launcher!(
         /// Ablation: `slab_alloc` with relaxed bitmap atomics (benchmarks only).
         slab_alloc_relaxed => "carve_bench_slab_alloc_relaxed"(heap: u64, out: u64, n: u64)
     );

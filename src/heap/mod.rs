@@ -5,7 +5,8 @@
 //! - **Format** is a memset of the metadata and one 128-byte copy of the [`HeapHandle`]: no kernel.
 //! - **Kernels** get the heap's device address ([`DeviceHeap::device_ptr`]), which is the address
 //!   of its handle, and call `carve_slab_alloc(heap)` / `carve_slab_free(heap, p)` /
-//!   `carve_bump_alloc(heap, bytes, align)` (see `kernels/carve_heap.h`).
+//!   `carve_bump_alloc(heap, bytes, align)` (see `kernels/carve_heap.h`). Rust kernels can also
+//!   allocate through `alloc` (`Box`, `Vec`) with `carve_kernels::global_alloc::CarveAlloc`.
 //! - **Statistics** are one copy of each segment's metadata prefix ([`DeviceHeap::stats`]).
 //! - **Other processes** (Numba, CuPy) format heaps in their own memory with
 //!   [`ForeignHeapPlan`], or `carve heap-layout` from the command line.
@@ -330,7 +331,6 @@ fn check_block_size(block_size: u64) -> Result<()> {
     Ok(())
 }
 
-/// Block alignment: the block size when it is a power of two (up to 4 KiB), else 16.
 /// The alignment a heap's base needs: its blocks' alignment, and at least [`DEFAULT_ALIGNMENT`].
 fn region_align(kind: HeapKind) -> usize {
     match kind {
@@ -339,12 +339,10 @@ fn region_align(kind: HeapKind) -> usize {
     }
 }
 
+/// Block alignment: the block size when it is a power of two (up to 4 KiB), else 16.
 fn block_align(block_size: u64) -> u64 {
-    if block_size.is_power_of_two() {
-        block_size.min(layout::MAX_BLOCK_ALIGN)
-    } else {
-        layout::MIN_BLOCK
-    }
+    // Shared with the kernels, which promise this alignment to Rust's allocator API.
+    layout::slab_block_align(block_size)
 }
 
 /// The handle (addresses relative to 0) and layout of a slab segment.
