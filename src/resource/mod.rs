@@ -47,6 +47,8 @@ pub use simulated::{SimulatedMemoryResource, SimulatedUsage};
 pub use stream_order::{CudaOrder, HostOrder, OrderEvent, RecordingOrder, StreamOrder, MARK_EVERY};
 #[cfg(target_os = "linux")]
 pub use virtual_memory::HostBacking;
+#[cfg(unix)]
+pub use virtual_memory::ImportedChunk;
 pub use virtual_memory::{
     BackingCounters, ChunkLocation, CountingBacking, CudaBacking, CudaBackingOptions,
     ExpandableMemoryResource, ExpandableOptions, ExpandableStats, PhysicalBacking, PhysicalHandle,

@@ -1,6 +1,6 @@
 //! [`CudaBacking`]: the CUDA driver's virtual memory management (`cuMemAddressReserve`,
 //! `cuMemCreate`, `cuMemMap`, `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`,
-//! `cuMemAddressFree`, `cuMemExportToShareableHandle`).
+//! `cuMemAddressFree`, `cuMemExportToShareableHandle`, `cuMemImportFromShareableHandle`).
 
 use cudarc::driver::sys;
 
@@ -274,5 +274,29 @@ unsafe impl PhysicalBacking for CudaBacking {
         }
         // SAFETY: the driver handed us a new descriptor that nothing else owns.
         Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+}
+
+impl CudaBacking {
+    /// The physical chunk another process exported as a POSIX file descriptor
+    /// ([`PhysicalBacking::export_fd`]), live in this process until [`release`]d. The descriptor
+    /// stays the caller's.
+    ///
+    /// [`release`]: PhysicalBacking::release
+    #[cfg(unix)]
+    pub(crate) fn import_fd(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<PhysicalHandle> {
+        use std::os::fd::AsRawFd;
+        self.device.bind()?;
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: for POSIX handles the driver takes the descriptor's number in place of a
+        // pointer and only reads the descriptor, which the borrow keeps open for the call.
+        check("cuMemImportFromShareableHandle", unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd.as_raw_fd() as usize as *mut std::ffi::c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        })?;
+        Ok(handle)
     }
 }

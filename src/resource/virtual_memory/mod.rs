@@ -27,6 +27,8 @@ mod cuda_backing;
 mod expandable;
 #[cfg(target_os = "linux")]
 mod host_backing;
+#[cfg(unix)]
+mod imported;
 mod pages;
 mod simulated;
 
@@ -36,6 +38,8 @@ pub use cuda_backing::{ChunkLocation, CudaBacking, CudaBackingOptions};
 pub use expandable::{ExpandableMemoryResource, ExpandableOptions, ExpandableStats};
 #[cfg(target_os = "linux")]
 pub use host_backing::HostBacking;
+#[cfg(unix)]
+pub use imported::ImportedChunk;
 pub use simulated::{BackingCounters, SimulatedBacking};
 
 use std::fmt;
@@ -338,8 +342,8 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
     }
 
     /// A POSIX file descriptor for the physical chunk that holds `ptr` (a live block's address),
-    /// with the chunk's start address and size, for another process to import and map
-    /// (`cuMemImportFromShareableHandle`). Needs a backing created exportable
+    /// with the chunk's start address and size, for another process to map with
+    /// [`ImportedChunk::import`]. Needs a backing created exportable
     /// ([`CudaBackingOptions::exportable`]).
     #[cfg(unix)]
     pub fn export_chunk(&self, ptr: NonNull<u8>) -> Result<(std::os::fd::OwnedFd, usize, usize)> {
