@@ -44,28 +44,7 @@ fn a_pool_and_a_block_shared_with_a_child_process() {
         .export_pointer(NonNull::new(buf.as_ptr() as *mut u8).unwrap())
         .unwrap();
     let fd = mr.export_fd().unwrap();
-    // The child inherits the descriptor under the same number.
-    // SAFETY: clears FD_CLOEXEC on a descriptor we own; no memory is involved.
-    assert_eq!(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) }, 0);
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "ipc_child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("CARVE_IPC_FD", fd.as_raw_fd().to_string())
-        .env("CARVE_IPC_PTR", export.to_hex())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("IPC-CHILD-OK"),
-        "child failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
+    run_child("ipc_child", &fd, &[("CARVE_IPC_PTR", export.to_hex())]);
     // The child's writes are visible here.
     assert!(buf.to_host_vec().unwrap().iter().all(|&b| b == CHILD_BYTE));
     // Exporting a pointer the pool does not own is an error, not a crash.
