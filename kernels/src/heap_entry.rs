@@ -216,9 +216,11 @@ pub unsafe extern "C" fn carve_malloc(heap: *const GeneralHeader, bytes: u64) ->
         return core::ptr::null_mut();
     };
     let class = general::request_class(bytes);
+    // Every lane of the full warp takes part in the match (a class test first would let some
+    // lanes skip a collective that names them); after it, `class` is the same in every lane.
     if NvptxWarp.active() == u32::MAX
-        && class < g.nclasses
         && FullWarp.match_all(u32::MAX, class as u64)
+        && class < g.nclasses
     {
         // SAFETY: `class < nclasses`: the address of that class's formatted slab segment.
         return unsafe {
@@ -253,9 +255,10 @@ pub unsafe extern "C" fn carve_free(heap: *const GeneralHeader, ptr: *mut u8) {
         return;
     };
     let key = general::free_key(g, ptr);
+    // As in `carve_malloc`: the match first, over the whole warp.
     if NvptxWarp.active() == u32::MAX
-        && key < g.nclasses
         && FullWarp.match_all(u32::MAX, key as u64)
+        && key < g.nclasses
     {
         // SAFETY: `key < nclasses`: the address of that class's formatted slab segment, which
         // holds `ptr` if anything does.
