@@ -1,5 +1,7 @@
 //! The device heap: a region reserved from any [`MemoryResource`], from which kernel threads
-//! allocate blocks (the slab) or byte ranges (the bump arena). The algorithms are in
+//! allocate blocks (the slab), byte ranges (the bump arena), or any size up to 64 KiB (the
+//! general heap, [`DeviceHeap::general`]: `carve_malloc(heap, bytes)` / `carve_free(heap, p)`
+//! over one slab per size class, laid out as `carve_kernels::heap_layout::GeneralHeader` says). The algorithms are in
 //! `carve_kernels::{slab, bump}`; this module reserves, formats, reads back and grows heaps.
 //!
 //! - **Format** is a memset of the metadata and one 128-byte copy of the [`HeapHandle`]: no kernel.
