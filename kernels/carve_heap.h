@@ -16,11 +16,20 @@
  *   carve_bump_alloc(heap, n, align)  n bytes aligned to align (a power of two <= 4096); NULL when
  *                                     exhausted, n == 0, a bad alignment, or `heap` not a bump.
  *                                     Released all at once by DeviceHeap::reset on the host.
+ *   carve_malloc(heap, n)             n bytes (1 to 65536) from a general heap
+ *                                     (DeviceHeap::general): a block of the smallest size class
+ *                                     that holds n, aligned to 16 bytes (to the class size when
+ *                                     it is a power of two <= 4096). NULL when the class is
+ *                                     exhausted, n == 0 or n > 65536 (large requests come
+ *                                     later), or `heap` is not a general heap.
+ *   carve_free(heap, p)               returns a carve_malloc block; the class is found from p.
+ *                                     NULL is ignored; other pointers are counted and ignored.
  * None of them traps or unwinds; failures are counted in DeviceHeap::stats().
  *
  * The module exports exactly these functions and nothing else (tests/no_gpu.rs checks it): the
- * three above and their Numba-convention forms, carve_numba_slab_alloc, carve_numba_slab_free
- * and carve_numba_bump_alloc (int f(T *result, args...), returning 0), for cuda.declare_device;
+ * five above and their Numba-convention forms, carve_numba_slab_alloc, carve_numba_slab_free,
+ * carve_numba_bump_alloc, carve_numba_malloc and carve_numba_free (int f(T *result, args...),
+ * returning 0), for cuda.declare_device;
  * see examples/numba_heap.py.
  * A heap in memory that carve did not allocate (a Python device array) is formatted with
  * carve::heap::ForeignHeapPlan or `carve heap-layout`: zero the region, write the handle.
@@ -41,12 +50,16 @@ extern "C" {
 __device__ void *carve_slab_alloc(const carve_heap_t *heap);
 __device__ void carve_slab_free(const carve_heap_t *heap, void *ptr);
 __device__ void *carve_bump_alloc(const carve_heap_t *heap, uint64_t bytes, uint64_t align);
+__device__ void *carve_malloc(const carve_heap_t *heap, uint64_t bytes);
+__device__ void carve_free(const carve_heap_t *heap, void *ptr);
 
 /* Numba's calling convention: the result goes to *ret, the return value is 0 (no exception). */
 __device__ int carve_numba_slab_alloc(uint64_t *ret, const carve_heap_t *heap);
 __device__ int carve_numba_slab_free(uint64_t *ret, const carve_heap_t *heap, void *ptr);
 __device__ int carve_numba_bump_alloc(uint64_t *ret, const carve_heap_t *heap, uint64_t bytes,
                                       uint64_t align);
+__device__ int carve_numba_malloc(uint64_t *ret, const carve_heap_t *heap, uint64_t bytes);
+__device__ int carve_numba_free(uint64_t *ret, const carve_heap_t *heap, void *ptr);
 
 #ifdef __cplusplus
 }

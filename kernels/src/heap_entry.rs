@@ -5,7 +5,8 @@
 
 use crate::bump;
 use crate::bump::Bump;
-use crate::heap_layout::{HeapHandle, HEAP_MAGIC, KIND_BUMP, KIND_SLAB};
+use crate::general;
+use crate::heap_layout::{GeneralHeader, HeapHandle, HEAP_MAGIC, KIND_BUMP, KIND_SLAB};
 use crate::nvptx::{self, FullWarp, NvptxWarp};
 use crate::slab::{self, Slab};
 use crate::warp::Warp;
@@ -195,4 +196,92 @@ unsafe fn bump_alloc_generic(heap: *const HeapHandle, bytes: u64, align: u64) ->
         Some(h) => unsafe { bump::chain_alloc(h, &NvptxWarp, bytes, align) },
         None => core::ptr::null_mut(),
     }
+}
+
+/// Allocates `bytes` from the general heap at `heap` (a block of the smallest size class that
+/// holds it, 16 B to 64 KiB); null when the class is exhausted, when `bytes` is 0 or above
+/// 64 KiB (whole-segment large requests come later; counted as failed allocations), or when
+/// `heap` is not a general heap. Blocks are aligned to 16 bytes, or to the class size when it is
+/// a power of two (up to 4096).
+///
+/// Lanes may ask for different sizes: a whole warp asking one class takes that class's
+/// straight-line slab path; otherwise the lanes are grouped by class, out of line.
+///
+/// # Safety
+/// `heap` must be null or the address of a heap region that carve formatted and keeps alive.
+#[no_mangle]
+pub unsafe extern "C" fn carve_malloc(heap: *const GeneralHeader, bytes: u64) -> *mut u8 {
+    // SAFETY: forwarded contract.
+    let Some(g) = (unsafe { general::header(heap) }) else {
+        return core::ptr::null_mut();
+    };
+    let class = general::request_class(bytes);
+    // Every lane of the full warp takes part in the match (a class test first would let some
+    // lanes skip a collective that names them); after it, `class` is the same in every lane.
+    if NvptxWarp.active() == u32::MAX
+        && FullWarp.match_all(u32::MAX, class as u64)
+        && class < g.nclasses
+    {
+        // SAFETY: `class < nclasses`: the address of that class's formatted slab segment.
+        return unsafe {
+            slab_alloc_with(g.classes[class as usize] as *const _, &FullWarp, &NvptxWarp)
+        };
+    }
+    // SAFETY: a formatted general heap.
+    unsafe { malloc_generic(g, bytes) }
+}
+
+/// [`carve_malloc`] for any set of lanes and sizes.
+///
+/// # Safety
+/// As for [`carve_malloc`], with `g` its header.
+#[cold]
+#[inline(never)]
+unsafe fn malloc_generic(g: &GeneralHeader, bytes: u64) -> *mut u8 {
+    // SAFETY: forwarded contract.
+    unsafe { general::malloc(g, &NvptxWarp, bytes, nvptx::warp_index()) }
+}
+
+/// Returns a block to the general heap at `heap`; its class is found from the pointer alone.
+/// Null is ignored; other pointers that are no block of the heap are counted as foreign frees
+/// and ignored (double frees too, on checked heaps).
+///
+/// # Safety
+/// As for [`carve_malloc`]; the block must not be used after this call.
+#[no_mangle]
+pub unsafe extern "C" fn carve_free(heap: *const GeneralHeader, ptr: *mut u8) {
+    // SAFETY: forwarded contract.
+    let Some(g) = (unsafe { general::header(heap) }) else {
+        return;
+    };
+    let key = general::free_key(g, ptr);
+    // As in `carve_malloc`: the match first, over the whole warp.
+    if NvptxWarp.active() == u32::MAX
+        && FullWarp.match_all(u32::MAX, key as u64)
+        && key < g.nclasses
+    {
+        // SAFETY: `key < nclasses`: the address of that class's formatted slab segment, which
+        // holds `ptr` if anything does.
+        return unsafe {
+            slab_free_with(
+                g.classes[key as usize] as *const _,
+                ptr,
+                &FullWarp,
+                &NvptxWarp,
+            )
+        };
+    }
+    // SAFETY: a formatted general heap.
+    unsafe { free_generic(g, ptr) }
+}
+
+/// [`carve_free`] for any set of lanes and pointers.
+///
+/// # Safety
+/// As for [`carve_free`], with `g` its header.
+#[cold]
+#[inline(never)]
+unsafe fn free_generic(g: &GeneralHeader, ptr: *mut u8) {
+    // SAFETY: forwarded contract.
+    unsafe { general::free(g, &NvptxWarp, ptr) }
 }

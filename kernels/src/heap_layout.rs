@@ -15,6 +15,8 @@ pub const HEAP_MAGIC: u32 = 0xCA4E_4EA9;
 pub const KIND_SLAB: u32 = 1;
 /// `HeapHandle::kind` of a bump arena.
 pub const KIND_BUMP: u32 = 2;
+/// `GeneralHeader::kind` of a general (size-classed) heap: `carve_malloc` / `carve_free`.
+pub const KIND_GENERAL: u32 = 3;
 /// `HeapHandle::flags`: double frees are counted in the statistics (every slab ignores them:
 /// frees read the bitmap back either way).
 pub const FLAG_CHECKED_FREES: u32 = 1;
@@ -271,6 +273,212 @@ pub fn bump_chunk_log2(capacity: u64, nslots: u32) -> Option<u32> {
     Some((63 - per_slot.leading_zeros()).min(24))
 }
 
+/// Class slots in a [`GeneralHeader`]: [`NUM_CLASSES`](crate::size_class::NUM_CLASSES) used, the
+/// rest 0 (room for more classes without moving the header's fields).
+pub const GENERAL_CLASS_SLOTS: usize = 48;
+/// The general header's size: its counters follow at this offset.
+pub const GENERAL_HEADER_BYTES: usize = 512;
+/// Offset of class 0's slab segment from the general region's start: the header and its counters
+/// fit below, and class segments start 4096-byte aligned when the region is.
+pub const GENERAL_CLASSES_OFFSET: usize = 4096;
+/// Smallest class stride (log2): one block of the largest class (64 KiB, aligned to 4 KiB) and its
+/// slab metadata fit in 128 KiB.
+pub const GENERAL_MIN_STRIDE_LOG2: u32 = 17;
+/// Largest class stride (log2): 1 TiB per class.
+pub const GENERAL_MAX_STRIDE_LOG2: u32 = 40;
+
+/// The header of a general heap (`carve_malloc` / `carve_free`), at offset 0 of its region.
+///
+/// A general heap is one region: `[header | counters | pad to 4096 | class 0 | class 1 | ...]`.
+/// Class `c`'s slab segment is an ordinary slab region (a [`HeapHandle`] of kind [`KIND_SLAB`]
+/// and its arrays, then its blocks of `class_size(c)` bytes) of exactly `1 << stride_log2` bytes
+/// at `base + (c << stride_log2)`. So the class of a pointer is `(ptr - base) >> stride_log2`:
+/// `carve_free` needs no size and no search, one subtract and one shift; a pointer below `base`
+/// or past the last class is no block of the heap. Every class gets the same bytes (small classes
+/// many blocks, large ones few).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct GeneralHeader {
+    /// [`HEAP_MAGIC`].
+    pub magic: u32,
+    /// [`KIND_GENERAL`].
+    pub kind: u32,
+    /// Classes in use (`NUM_CLASSES`); requests of a class at or past it fail.
+    pub nclasses: u32,
+    /// log2 of the bytes between consecutive class segments.
+    pub stride_log2: u32,
+    /// Address of class 0's segment (its [`HeapHandle`]).
+    pub base: u64,
+    /// Address of the `COUNTERS × COUNTER_SLOTS` `u64` counters of requests no class serves
+    /// (failed allocations: 0 bytes, more than 64 KiB) and of frees outside every class.
+    pub counters: u64,
+    /// Per class, the address of its slab segment's handle (`base + (c << stride_log2)`); 0 past
+    /// `nclasses`.
+    pub classes: [u64; GENERAL_CLASS_SLOTS],
+    /// Room for later fields.
+    pub reserved: [u64; 12],
+}
+
+const_assert_eq!(core::mem::size_of::<GeneralHeader>(), GENERAL_HEADER_BYTES);
+const_assert_eq!(core::mem::align_of::<GeneralHeader>(), 8);
+const_assert_eq!(core::mem::offset_of!(GeneralHeader, magic), 0);
+const_assert_eq!(core::mem::offset_of!(GeneralHeader, kind), 4);
+const_assert_eq!(core::mem::offset_of!(GeneralHeader, nclasses), 8);
+const_assert_eq!(core::mem::offset_of!(GeneralHeader, stride_log2), 12);
+const_assert_eq!(core::mem::offset_of!(GeneralHeader, base), 16);
+const_assert_eq!(core::mem::offset_of!(GeneralHeader, counters), 24);
+const_assert_eq!(core::mem::offset_of!(GeneralHeader, classes), 32);
+const_assert!(GENERAL_HEADER_BYTES + COUNTERS_BYTES <= GENERAL_CLASSES_OFFSET);
+const_assert!(crate::size_class::NUM_CLASSES <= GENERAL_CLASS_SLOTS);
+
+/// One class of a [`GeneralPlan`]: a slab segment of `capacity` blocks of `block_size` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GeneralClass {
+    /// Bytes per block (`class_size(c)`).
+    pub block_size: u64,
+    /// Blocks: as many as fit in the stride with their metadata.
+    pub capacity: u64,
+    /// The slab's geometry.
+    pub geometry: SlabGeometry,
+    /// The slab's layout, offsets from the class segment's start.
+    pub layout: RegionLayout,
+}
+
+/// Where everything of a general heap lives, relative to its region's start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GeneralPlan {
+    /// log2 of the class stride.
+    pub stride_log2: u32,
+    /// Total region bytes.
+    pub total: usize,
+    /// The classes, by class index.
+    pub classes: [GeneralClass; crate::size_class::NUM_CLASSES],
+}
+
+/// The plan of a general heap with at least `bytes_per_class` bytes per class (rounded up to a
+/// power of two, at least `1 << GENERAL_MIN_STRIDE_LOG2`); `None` for 0 or past
+/// `1 << GENERAL_MAX_STRIDE_LOG2`.
+pub fn general_plan(bytes_per_class: u64) -> Option<GeneralPlan> {
+    if bytes_per_class == 0 || bytes_per_class > 1 << GENERAL_MAX_STRIDE_LOG2 {
+        return None;
+    }
+    let stride_log2 = bytes_per_class
+        .next_power_of_two()
+        .trailing_zeros()
+        .max(GENERAL_MIN_STRIDE_LOG2);
+    let stride = 1u64 << stride_log2;
+    let n = crate::size_class::NUM_CLASSES;
+    let total = (GENERAL_CLASSES_OFFSET as u64).checked_add(stride.checked_mul(n as u64)?)?;
+    if total > isize::MAX as u64 || usize::try_from(total).is_err() {
+        return None;
+    }
+    let mut classes = [GeneralClass {
+        block_size: 0,
+        capacity: 0,
+        geometry: SlabGeometry {
+            nwords: 0,
+            nshards: 0,
+            shard_words_log2: 0,
+        },
+        layout: RegionLayout {
+            counters: 0,
+            shard_used: 0,
+            shard_peak: 0,
+            words: 0,
+            stats_end: 0,
+            meta_end: 0,
+            data: 0,
+            total: 0,
+        },
+    }; crate::size_class::NUM_CLASSES];
+    for (c, class) in classes.iter_mut().enumerate() {
+        let size = crate::size_class::class_size(c as u32) as u64;
+        let fits = |k: u64| {
+            let g = slab_geometry(k)?;
+            let l = slab_layout(g, k, size, slab_block_align(size))?;
+            (l.total as u64 <= stride).then_some((g, l))
+        };
+        // The most blocks that fit: binary search (the metadata grows with the count).
+        let (mut lo, mut hi) = (1u64, stride / size);
+        fits(lo)?;
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if fits(mid).is_some() {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        let (geometry, layout) = fits(lo)?;
+        *class = GeneralClass {
+            block_size: size,
+            capacity: lo,
+            geometry,
+            layout,
+        };
+    }
+    Some(GeneralPlan {
+        stride_log2,
+        total: total as usize,
+        classes,
+    })
+}
+
+impl GeneralPlan {
+    /// Offset of class `c`'s segment from the region's start.
+    pub fn class_offset(&self, c: usize) -> usize {
+        GENERAL_CLASSES_OFFSET + (c << self.stride_log2)
+    }
+
+    /// The header of this plan's heap placed at `base` (the region's start).
+    pub fn header(&self, base: u64) -> GeneralHeader {
+        let mut classes = [0u64; GENERAL_CLASS_SLOTS];
+        for (c, a) in classes.iter_mut().take(self.classes.len()).enumerate() {
+            *a = base + self.class_offset(c) as u64;
+        }
+        GeneralHeader {
+            magic: HEAP_MAGIC,
+            kind: KIND_GENERAL,
+            nclasses: self.classes.len() as u32,
+            stride_log2: self.stride_log2,
+            base: base + GENERAL_CLASSES_OFFSET as u64,
+            counters: base + GENERAL_HEADER_BYTES as u64,
+            classes,
+            reserved: [0; 12],
+        }
+    }
+
+    /// Class `c`'s slab handle, its arrays relocated into the region at `base`.
+    pub fn class_handle(&self, c: usize, base: u64, flags: u32) -> HeapHandle {
+        let k = &self.classes[c];
+        let seg = base + self.class_offset(c) as u64;
+        let l = &k.layout;
+        HeapHandle {
+            data: seg + l.data as u64,
+            counters: seg + l.counters as u64,
+            shard_used: seg + l.shard_used as u64,
+            shard_peak: seg + l.shard_peak as u64,
+            words: seg + l.words as u64,
+            ..HeapHandle::slab(k.geometry, k.capacity, k.block_size, flags)
+        }
+    }
+
+    /// The header's layout as a [`RegionLayout`]: its counters, and the end of its statistics.
+    pub fn header_layout(&self) -> RegionLayout {
+        let end = GENERAL_HEADER_BYTES + COUNTERS_BYTES;
+        RegionLayout {
+            counters: GENERAL_HEADER_BYTES,
+            shard_used: end,
+            shard_peak: end,
+            words: end,
+            stats_end: end,
+            meta_end: end,
+            data: GENERAL_CLASSES_OFFSET,
+            total: self.total,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -317,5 +525,41 @@ mod tests {
         assert_eq!(bump_chunk_log2(1 << 34, 256), Some(24));
         assert_eq!(bump_chunk_log2(1 << 40, 256), Some(24));
         assert_eq!(bump_chunk_log2(1 << 24, 256), Some(14));
+    }
+
+    #[test]
+    fn general_plans_fill_each_stride() {
+        assert!(general_plan(0).is_none());
+        assert!(general_plan((1 << GENERAL_MAX_STRIDE_LOG2) + 1).is_none());
+        let p = general_plan(1).unwrap();
+        assert_eq!(p.stride_log2, GENERAL_MIN_STRIDE_LOG2);
+        let p = general_plan(300_000).unwrap();
+        assert_eq!(p.stride_log2, 19);
+        let stride = 1usize << 19;
+        assert_eq!(p.total, GENERAL_CLASSES_OFFSET + p.classes.len() * stride);
+        for (c, k) in p.classes.iter().enumerate() {
+            assert!(k.capacity >= 1, "class {c}");
+            assert!(k.layout.total <= stride, "class {c}");
+            // One more block would not fit.
+            let more = slab_geometry(k.capacity + 1).and_then(|g| {
+                slab_layout(
+                    g,
+                    k.capacity + 1,
+                    k.block_size,
+                    slab_block_align(k.block_size),
+                )
+            });
+            assert!(more.is_none_or(|l| l.total > stride), "class {c}");
+            assert!(p.class_offset(c).is_multiple_of(4096));
+        }
+        let h = p.header(0x1000_0000);
+        assert_eq!(
+            h.classes[1],
+            0x1000_0000 + (GENERAL_CLASSES_OFFSET + stride) as u64
+        );
+        assert_eq!(h.classes[p.classes.len()], 0);
+        let s = p.class_handle(3, 0x1000_0000, 0);
+        assert_eq!(s.block_size, 64);
+        assert_eq!(s.data, h.classes[3] + p.classes[3].layout.data as u64);
     }
 }

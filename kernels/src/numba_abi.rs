@@ -3,8 +3,10 @@
 //! Each is a thin wrapper over its C-ABI twin in [`crate::heap_entry`]; see
 //! `examples/numba_heap.py` for the declarations.
 
-use crate::heap_entry::{carve_bump_alloc, carve_slab_alloc, carve_slab_free};
-use crate::heap_layout::HeapHandle;
+use crate::heap_entry::{
+    carve_bump_alloc, carve_free, carve_malloc, carve_slab_alloc, carve_slab_free,
+};
+use crate::heap_layout::{GeneralHeader, HeapHandle};
 
 /// Numba's "no exception" status.
 const OK: i32 = 0;
@@ -50,5 +52,35 @@ pub unsafe extern "C" fn carve_numba_bump_alloc(
 ) -> i32 {
     // SAFETY: forwarded contract; Numba passes a writable slot for the result.
     unsafe { ret.write(carve_bump_alloc(heap, bytes, align) as u64) };
+    OK
+}
+
+/// `uint64(uint64, uint64)`: [`carve_malloc`], the block's address (0 on failure) into `*ret`.
+///
+/// # Safety
+/// `ret` is Numba's result slot; `heap` as for [`carve_malloc`].
+#[no_mangle]
+pub unsafe extern "C" fn carve_numba_malloc(
+    ret: *mut u64,
+    heap: *const GeneralHeader,
+    bytes: u64,
+) -> i32 {
+    // SAFETY: forwarded contract; Numba passes a writable slot for the result.
+    unsafe { ret.write(carve_malloc(heap, bytes) as u64) };
+    OK
+}
+
+/// `void(uint64, uint64)`: [`carve_free`]; the result slot is left untouched.
+///
+/// # Safety
+/// As for [`carve_free`].
+#[no_mangle]
+pub unsafe extern "C" fn carve_numba_free(
+    _ret: *mut u64,
+    heap: *const GeneralHeader,
+    ptr: *mut u8,
+) -> i32 {
+    // SAFETY: forwarded contract.
+    unsafe { carve_free(heap, ptr) };
     OK
 }

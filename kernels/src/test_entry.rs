@@ -5,11 +5,13 @@
 
 use alloc::vec::Vec;
 
+use crate::general::test_request_size;
 use crate::global_alloc::CarveAlloc;
 use crate::heap_entry::{
-    carve_bump_alloc, carve_slab_alloc, carve_slab_free, slab_alloc_with, slab_free_with,
+    carve_bump_alloc, carve_free, carve_malloc, carve_slab_alloc, carve_slab_free, slab_alloc_with,
+    slab_free_with,
 };
-use crate::heap_layout::HeapHandle;
+use crate::heap_layout::{GeneralHeader, HeapHandle};
 use crate::nvptx::{self, NvptxWarp, RelaxedWarp};
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -240,6 +242,61 @@ pub unsafe extern "ptx-kernel" fn carve_heap_pattern_check(
             // SAFETY: `bad` is a u32 in device memory.
             unsafe { &*(bad as *const AtomicU32) }.fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+/// Thread `i < n` allocates [`test_request_size`]`(i, seed)` bytes from the general heap at
+/// `heap` into `out[i]` (0 on failure) and fills them with its pattern (see
+/// [`carve_heap_pattern_fill`]), so that overlapping blocks show in
+/// [`carve_test_general_check_free`].
+///
+/// # Safety
+/// As for [`carve_malloc`]; `out` holds `n` `u64`s.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn carve_test_general_malloc(
+    heap: *const GeneralHeader,
+    out: *mut u64,
+    n: u64,
+    seed: u32,
+) {
+    if let Some(i) = tid(n) {
+        let bytes = test_request_size(i as u64, seed);
+        // SAFETY: forwarded contract.
+        let p = unsafe { carve_malloc(heap, bytes) };
+        // SAFETY: i < n.
+        unsafe { out.add(i).write(p as u64) };
+        if !p.is_null() {
+            // SAFETY: the block is this thread's, at least `bytes` long.
+            unsafe { fill(p as *mut u32, i, bytes) };
+        }
+    }
+}
+
+/// Thread `i < n` checks the pattern [`carve_test_general_malloc`] left at `ptrs[i]` (counting a
+/// mismatch into `bad[0]`), then frees it into the general heap at `heap` (0 is ignored).
+///
+/// # Safety
+/// As for [`carve_free`]; `ptrs` holds what [`carve_test_general_malloc`] wrote with this
+/// `seed`; `bad` is one `u32`.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn carve_test_general_check_free(
+    heap: *const GeneralHeader,
+    ptrs: *const u64,
+    n: u64,
+    seed: u32,
+    bad: *mut u32,
+) {
+    if let Some(i) = tid(n) {
+        // SAFETY: i < n.
+        let p = unsafe { ptrs.add(i).read() } as *mut u8;
+        let bytes = test_request_size(i as u64, seed);
+        // SAFETY: a block of at least `bytes` bytes that this thread filled.
+        if !p.is_null() && !unsafe { intact(p as *const u32, i, bytes) } {
+            // SAFETY: `bad` is a u32 in device memory.
+            unsafe { &*(bad as *const AtomicU32) }.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: forwarded contract; the block is not used after this.
+        unsafe { carve_free(heap, p) };
     }
 }
 

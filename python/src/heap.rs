@@ -85,6 +85,7 @@ impl DeviceHeap {
         match self.lock().kind() {
             HeapKind::Slab { .. } => "slab",
             HeapKind::Bump => "bump",
+            HeapKind::General { .. } => "general",
         }
     }
 

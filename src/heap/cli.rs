@@ -85,6 +85,8 @@ pub fn layout_json(args: &HeapLayoutArgs) -> Result<String> {
     let (kind, block_size) = match plan.kind() {
         HeapKind::Slab { block_size } => ("slab", block_size),
         HeapKind::Bump => ("bump", 0),
+        // ForeignHeapPlan makes no general heaps (yet).
+        HeapKind::General { .. } => ("general", 0),
     };
     let mut json = format!(
         "{{\"kind\": \"{kind}\", \"block_size\": {block_size}, \"bytes\": {}, \"align\": {}, \

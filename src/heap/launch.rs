@@ -71,6 +71,16 @@ impl<'a> HeapKernels<'a> {
         slab_churn => "carve_heap_slab_churn"(heap: u64, ptrs: u64, n: u64, bytes: u64, round: u32, bad: u64)
     );
     launcher!(
+        /// Thread `i < n` allocates `test_request_size(i, seed)` bytes (16 B to 4 KiB) from the
+        /// general heap at `heap` into `out[i]` and fills them with its pattern.
+        general_malloc => "carve_test_general_malloc"(heap: u64, out: u64, n: u64, seed: u32)
+    );
+    launcher!(
+        /// Thread `i < n` checks the pattern at `ptrs[i]` (mismatches counted into `bad[0]`),
+        /// then frees it into the general heap at `heap`.
+        general_check_free => "carve_test_general_check_free"(heap: u64, ptrs: u64, n: u64, seed: u32, bad: u64)
+    );
+    launcher!(
         /// Thread `i < n` bump-allocates `bytes` aligned to `align` into `out[i]`.
         bump_alloc => "carve_heap_bump_alloc"(heap: u64, out: u64, n: u64, bytes: u64, align: u64)
     );

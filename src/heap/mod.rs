@@ -1,5 +1,7 @@
 //! The device heap: a region reserved from any [`MemoryResource`], from which kernel threads
-//! allocate blocks (the slab) or byte ranges (the bump arena). The algorithms are in
+//! allocate blocks (the slab), byte ranges (the bump arena), or any size up to 64 KiB (the
+//! general heap, [`DeviceHeap::general`]: `carve_malloc(heap, bytes)` / `carve_free(heap, p)`
+//! over one slab per size class, laid out as `carve_kernels::heap_layout::GeneralHeader` says). The algorithms are in
 //! `carve_kernels::{slab, bump}`; this module reserves, formats, reads back and grows heaps.
 //!
 //! - **Format** is a memset of the metadata and one 128-byte copy of the [`HeapHandle`]: no kernel.
@@ -25,7 +27,7 @@ pub use stats::HeapStats;
 
 use std::ptr::NonNull;
 
-use carve_kernels::heap_layout::{self as layout, HeapHandle, RegionLayout};
+use carve_kernels::heap_layout::{self as layout, GeneralPlan, HeapHandle, RegionLayout};
 use cudarc::driver::{result, sys};
 
 use crate::driver::Stream;
@@ -42,6 +44,12 @@ pub enum HeapKind {
     },
     /// Byte ranges, allocated by kernels and released all at once by [`DeviceHeap::reset`].
     Bump,
+    /// Any size from 1 byte to 64 KiB (`carve_malloc` / `carve_free`): one slab per size class
+    /// (`carve_kernels::size_class`), each of `bytes_per_class` bytes.
+    General {
+        /// Bytes of each class's slab segment (a power of two), metadata included.
+        bytes_per_class: u64,
+    },
 }
 
 /// Chunk slots of a bump arena: one per SM on any current GPU (the SM id picks the slot).
@@ -67,6 +75,8 @@ pub struct DeviceHeap {
     resource: SharedResource,
     stream: Stream,
     segments: Vec<Segment>,
+    /// A general heap's plan (its one segment holds the header and every class).
+    general: Option<Box<GeneralPlan>>,
 }
 
 // SAFETY: the heap owns its regions; the host touches them only through stream-ordered driver
@@ -119,6 +129,7 @@ impl DeviceHeap {
             resource,
             stream: stream.clone(),
             segments: Vec::new(),
+            general: None,
         };
         heap.check_resource()?;
         heap.push_segment(capacity)?;
@@ -133,10 +144,70 @@ impl DeviceHeap {
             resource,
             stream: stream.clone(),
             segments: Vec::new(),
+            general: None,
         };
         heap.check_resource()?;
         heap.push_segment(capacity)?;
         Ok(heap)
+    }
+
+    /// A general heap: `carve_malloc(heap, bytes)` serves any size from 1 byte to 64 KiB from
+    /// one slab per size class, and `carve_free(heap, ptr)` finds the class from the pointer.
+    /// Each of the 44 classes gets `bytes_per_class` bytes (rounded up to a power of two, at
+    /// least 128 KiB), metadata included, so small classes hold many blocks and the 64 KiB class
+    /// few: the region is `44 × bytes_per_class` plus 4 KiB. Requests of 0 bytes or above 64 KiB
+    /// return null and count as failed allocations (whole-segment large requests come later).
+    /// Frees are checked, as for [`DeviceHeap::slab`]. A general heap does not
+    /// [`grow`](DeviceHeap::grow) yet.
+    pub fn general(
+        resource: SharedResource,
+        stream: &Stream,
+        bytes_per_class: u64,
+    ) -> Result<Self> {
+        let plan = general_plan(bytes_per_class)?;
+        let mut heap = DeviceHeap {
+            kind: HeapKind::General {
+                bytes_per_class: 1 << plan.stride_log2,
+            },
+            flags: layout::FLAG_CHECKED_FREES,
+            resource,
+            stream: stream.clone(),
+            segments: Vec::new(),
+            general: Some(Box::new(plan)),
+        };
+        heap.check_resource()?;
+        heap.push_general()?;
+        Ok(heap)
+    }
+
+    /// The statistics of each size class of a general heap, by class (kind
+    /// [`HeapKind::Slab`] with the class's block size; one copy per class); empty for other
+    /// heaps. Requests no class serves and frees outside every class are in [`DeviceHeap::stats`]
+    /// only.
+    pub fn class_stats(&self) -> Result<Vec<HeapStats>> {
+        let Some(plan) = &self.general else {
+            return Ok(Vec::new());
+        };
+        let seg = &self.segments[0];
+        let base = seg.ptr.as_ptr() as u64;
+        let mut out = Vec::with_capacity(plan.classes.len());
+        for (c, k) in plan.classes.iter().enumerate() {
+            let off = plan.class_offset(c);
+            let mut prefix = vec![0u8; k.layout.stats_end];
+            // The class segment lies inside the region, `off` bytes from its base.
+            let at = NonNull::new(seg.ptr.as_ptr().wrapping_add(off)).unwrap_or(seg.ptr);
+            self.copy_out(at, &mut prefix)?;
+            let h = plan.class_handle(c, base, self.flags);
+            out.push(HeapStats::parse(
+                HeapKind::Slab {
+                    block_size: k.block_size,
+                },
+                &h,
+                &k.layout,
+                &prefix,
+            ));
+        }
+        Ok(out)
     }
 
     /// The heap's kind.
@@ -149,7 +220,9 @@ impl DeviceHeap {
         self.segments[0].ptr.as_ptr() as u64
     }
 
-    /// The first segment's handle, as written to the device.
+    /// The first segment's handle, as written to the device. For a general heap (whose region
+    /// starts with a `GeneralHeader` instead), a summary: kind `KIND_GENERAL`, `capacity` the
+    /// blocks over all classes, `data` class 0's segment, `counters` the header's counters.
     pub fn handle(&self) -> &HeapHandle {
         &self.segments[0].handle
     }
@@ -168,11 +241,27 @@ impl DeviceHeap {
     /// this (on the heap's stream, or synchronised with it) allocate from it once the earlier
     /// segments are full. Must not run while a kernel uses the heap.
     pub fn grow(&mut self, capacity: u64) -> Result<()> {
+        if self.general.is_some() {
+            return Err(Error::Unsupported(
+                "a general heap does not grow yet".to_string(),
+            ));
+        }
         self.push_segment(capacity)
     }
 
     /// Reads the statistics back (one copy per segment), waiting for the heap's stream.
     pub fn stats(&self) -> Result<HeapStats> {
+        if self.general.is_some() {
+            let seg = &self.segments[0];
+            let mut prefix = vec![0u8; seg.layout.stats_end];
+            self.copy_out(seg.ptr, &mut prefix)?;
+            let mut total = HeapStats::parse(self.kind, &seg.handle, &seg.layout, &prefix);
+            total.capacity = 0;
+            for class in self.class_stats()? {
+                total.add(&class);
+            }
+            return Ok(total);
+        }
         let mut total = HeapStats::empty(self.kind);
         for seg in &self.segments {
             let mut prefix = vec![0u8; seg.layout.stats_end];
@@ -193,6 +282,7 @@ impl DeviceHeap {
         for seg in &self.segments {
             self.memset_meta(seg)?;
         }
+        self.memset_classes()?;
         self.stream.synchronize()
     }
 
@@ -213,6 +303,11 @@ impl DeviceHeap {
         let (handle, region) = match self.kind {
             HeapKind::Slab { block_size } => slab_plan(capacity, block_size, self.flags)?,
             HeapKind::Bump => bump_plan(capacity)?,
+            HeapKind::General { .. } => {
+                return Err(Error::Unsupported(
+                    "a general heap does not grow yet".to_string(),
+                ))
+            }
         };
         self.stream.device().bind()?;
         // Slab blocks are aligned to their size (up to 4 KiB), which not every resource can give
@@ -258,6 +353,86 @@ impl DeviceHeap {
             self.stream.synchronize()?;
         }
         self.segments.push(seg);
+        Ok(())
+    }
+
+    /// Reserves and formats a general heap's one region: the header, then every class's slab
+    /// segment at its stride.
+    fn push_general(&mut self) -> Result<()> {
+        let Some(plan) = self.general.as_deref().copied() else {
+            return Err(Error::InvalidArgument("not a general heap".to_string()));
+        };
+        self.stream.device().bind()?;
+        let align = region_align(self.kind);
+        let raw_len =
+            plan.total
+                .checked_add(align - DEFAULT_ALIGNMENT)
+                .ok_or(Error::SizeOverflow {
+                    bytes: plan.total,
+                    align,
+                })?;
+        let raw = self
+            .resource
+            .allocate(self.stream.as_ref(), raw_len, DEFAULT_ALIGNMENT)?;
+        let offset = (raw.as_ptr() as usize).next_multiple_of(align) - raw.as_ptr() as usize;
+        // The resource honoured DEFAULT_ALIGNMENT, so offset <= align - DEFAULT_ALIGNMENT.
+        let ptr = NonNull::new(raw.as_ptr().wrapping_add(offset)).unwrap_or(raw);
+        let base = ptr.as_ptr() as u64;
+        let header = plan.header(base);
+        let summary = HeapHandle {
+            magic: layout::HEAP_MAGIC,
+            kind: layout::KIND_GENERAL,
+            capacity: plan.classes.iter().map(|k| k.capacity).sum(),
+            data: header.base,
+            counters: header.counters,
+            ..bytemuck::Zeroable::zeroed()
+        };
+        self.segments.push(Segment {
+            ptr,
+            raw,
+            raw_len,
+            layout: plan.header_layout(),
+            handle: summary,
+        });
+        // On failure the segment is already ours: dropping the heap returns it.
+        self.memset_meta(&self.segments[0])?;
+        self.memset_classes()?;
+        let handles: Vec<HeapHandle> = (0..plan.classes.len())
+            .map(|c| plan.class_handle(c, base, self.flags))
+            .collect();
+        for (c, h) in handles.iter().enumerate() {
+            copy_in(
+                &self.stream,
+                base + plan.class_offset(c) as u64,
+                bytemuck::bytes_of(h),
+            )?;
+        }
+        copy_in(&self.stream, base, bytemuck::bytes_of(&header))?;
+        // The header and handles live on our stack: wait before they go.
+        self.stream.synchronize()
+    }
+
+    /// Zeroes every class's slab metadata of a general heap (nothing for other heaps).
+    fn memset_classes(&self) -> Result<()> {
+        let Some(plan) = &self.general else {
+            return Ok(());
+        };
+        let base = self.segments[0].ptr.as_ptr() as u64;
+        self.stream.device().bind()?;
+        for (c, k) in plan.classes.iter().enumerate() {
+            let start = base + (plan.class_offset(c) + k.layout.counters) as u64;
+            // SAFETY: [counters, meta_end) of class `c`'s segment lies inside the region, which
+            // we own.
+            unsafe {
+                result::memset_d8_async(
+                    start,
+                    0,
+                    k.layout.meta_end - k.layout.counters,
+                    self.stream.as_ref().as_raw(),
+                )
+            }
+            .map_err(|e| Error::driver("cuMemsetD8Async", e))?;
+        }
         Ok(())
     }
 
@@ -336,7 +511,23 @@ fn region_align(kind: HeapKind) -> usize {
     match kind {
         HeapKind::Slab { block_size } => (block_align(block_size) as usize).max(DEFAULT_ALIGNMENT),
         HeapKind::Bump => DEFAULT_ALIGNMENT,
+        // Class segments start at multiples of 4096 from the base: blocks keep their alignment.
+        HeapKind::General { .. } => (layout::MAX_BLOCK_ALIGN as usize).max(DEFAULT_ALIGNMENT),
     }
+}
+
+/// A general heap's plan, or a clear error for 0 or too many bytes per class.
+fn general_plan(bytes_per_class: u64) -> Result<GeneralPlan> {
+    if bytes_per_class == 0 {
+        return Err(Error::ZeroSize);
+    }
+    layout::general_plan(bytes_per_class).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "a general heap of {bytes_per_class} bytes per class: at most {} bytes per class \
+             (rounded up to a power of two), and the region must fit the address space",
+            1u64 << layout::GENERAL_MAX_STRIDE_LOG2
+        ))
+    })
 }
 
 /// Block alignment: the block size when it is a power of two (up to 4 KiB), else 16.
@@ -441,5 +632,22 @@ mod tests {
         assert_eq!(block_align(64), 64);
         assert_eq!(block_align(1 << 20), 4096);
         assert_eq!(block_align(48), 16);
+        assert!(matches!(general_plan(0), Err(Error::ZeroSize)));
+        assert!(matches!(
+            general_plan(u64::MAX),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            general_plan((1 << 40) + 1),
+            Err(Error::InvalidArgument(_))
+        ));
+        let p = general_plan(1 << 20).unwrap();
+        assert_eq!(p.stride_log2, 20);
+        assert_eq!(
+            region_align(HeapKind::General {
+                bytes_per_class: 1 << 20
+            }),
+            4096
+        );
     }
 }

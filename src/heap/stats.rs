@@ -7,7 +7,9 @@ use carve_kernels::heap_layout::{
 
 use super::HeapKind;
 
-/// What a heap has handed out. Units are blocks for a slab and bytes for a bump arena.
+/// What a heap has handed out. Units are blocks for a slab and a general heap (summed over its
+/// classes; [`DeviceHeap::class_stats`](super::DeviceHeap::class_stats) gives them class by
+/// class) and bytes for a bump arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeapStats {
     /// Slab or bump.
@@ -21,7 +23,8 @@ pub struct HeapStats {
     /// blocks in use that equals it when the peak came before the first free. Bump: equal to
     /// `in_use` (nothing is freed).
     pub high_water: u64,
-    /// Requests that returned null (refused sizes and alignments included).
+    /// Requests that returned null (refused sizes and alignments included; for a general heap,
+    /// requests of 0 bytes or above 64 KiB too).
     pub failed_allocs: u64,
     /// Frees of a block that was already free (checked slabs).
     pub double_frees: u64,
@@ -72,6 +75,9 @@ impl HeapStats {
                 let off = u64_at(l.shard_used).min(h.capacity);
                 (off, off)
             }
+            // The header holds counters only; the blocks are the classes' (see
+            // `DeviceHeap::class_stats`).
+            HeapKind::General { .. } => (0, 0),
         };
         HeapStats {
             kind,

@@ -1,0 +1,274 @@
+//! The general heap: `carve_malloc(heap, bytes)` / `carve_free(heap, ptr)` over one slab segment
+//! per size class ([`crate::size_class`]), laid out as [`GeneralHeader`] describes.
+//!
+//! **Allocation.** Each lane maps its request to a class. When every calling lane asks for the
+//! same class (a warp allocating one size, the common case) the warp runs that class's slab
+//! allocation as it is, straight-line on a full warp. Otherwise the lanes are grouped by class:
+//! one group per round (the class of the lowest lane not yet served, found with one shuffle and
+//! one ballot), each group running the slab allocation as a warp of its own lanes ([`Among`]).
+//! Requests of 0 bytes or more than 64 KiB return null and are counted as failed allocations in
+//! the header's counters (whole-segment large requests come later).
+//!
+//! **Free.** The class of a pointer is `(ptr - base) >> stride_log2` (class segments sit at equal
+//! power-of-two strides), so no size is passed and nothing is searched; lanes are grouped by class
+//! the same way and each group frees into its class's slab (which counts pointers that are not one
+//! of its blocks). Pointers outside every class are counted as foreign frees in the header; null
+//! is ignored.
+//!
+//! No new atomic protocol: the header is read-only while kernels run, and every atomic is the
+//! slab's own, on one class's segment at a time (grouping only narrows which lanes take part).
+
+use crate::heap_layout::*;
+use crate::size_class::{class_of, NUM_CLASSES};
+use crate::slab;
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::warp::Warp;
+
+/// The first 8 bytes of a formatted general header (`magic`, then `kind`).
+pub const GENERAL_TAG: u64 = HEAP_MAGIC as u64 | (KIND_GENERAL as u64) << 32;
+
+/// Group key of requests that no class serves (and of pointers outside every class).
+pub const NO_CLASS: u32 = NUM_CLASSES as u32;
+/// Group key of null pointers passed to free.
+const NULL_KEY: u32 = NO_CLASS + 1;
+
+/// The header at `heap` if it is a formatted general heap.
+///
+/// # Safety
+/// `heap` is null or the address of a heap region that carve formatted and keeps alive.
+#[inline(always)]
+pub unsafe fn header<'a>(heap: *const GeneralHeader) -> Option<&'a GeneralHeader> {
+    if heap.is_null() {
+        return None;
+    }
+    // SAFETY: the caller passes the address of a heap region; its first 8 bytes are the tag of
+    // whichever kind it is (the header is 8-byte aligned).
+    let tag = unsafe { (heap as *const u64).read() };
+    // SAFETY: as above; a general region starts with a whole header.
+    (tag == GENERAL_TAG).then(|| unsafe { &*heap })
+}
+
+/// The class that serves a request of `bytes`, or [`NO_CLASS`].
+#[inline(always)]
+pub fn request_class(bytes: u64) -> u32 {
+    if bytes > u32::MAX as u64 {
+        return NO_CLASS;
+    }
+    match class_of(bytes as u32) {
+        Some(c) => c,
+        None => NO_CLASS,
+    }
+}
+
+impl GeneralHeader {
+    /// The class whose segment holds `ptr`, or `None` outside every class.
+    #[inline(always)]
+    pub fn class_of_ptr(&self, ptr: *const u8) -> Option<u32> {
+        let c = (ptr as u64).wrapping_sub(self.base) >> self.stride_log2;
+        (c < self.nclasses as u64).then_some(c as u32)
+    }
+
+    /// Class `c`'s slab segment handle (`c < nclasses`).
+    ///
+    /// # Safety
+    /// `self` is a formatted header whose class segments stay valid for `'a`.
+    #[inline(always)]
+    pub unsafe fn class_handle<'a>(&self, c: u32) -> &'a HeapHandle {
+        debug_assert!(c < self.nclasses);
+        // SAFETY: the caller's contract: `classes[c]` is a formatted slab handle.
+        unsafe { &*(self.classes[c as usize] as *const HeapHandle) }
+    }
+
+    /// Adds `n` to counter `which` (slot `slot`).
+    ///
+    /// # Safety
+    /// As for [`GeneralHeader::class_handle`]: `counters` is the header's counter array.
+    #[inline(always)]
+    unsafe fn count(&self, which: usize, slot: u32, n: u32) {
+        let i = which * COUNTER_SLOTS + (slot as usize % COUNTER_SLOTS);
+        // SAFETY: `counters` holds COUNTERS × COUNTER_SLOTS atomics.
+        let a = unsafe { &*(self.counters as *const AtomicU64).add(i) };
+        a.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// The lanes of `mask` of `warp`, as a warp of their own: `active()` is `mask`. Every lane of
+/// `mask`, and no other, must make each call.
+#[derive(Clone, Copy, Debug)]
+pub struct Among<'w, W> {
+    /// The whole warp.
+    pub warp: &'w W,
+    /// The lanes taking part.
+    pub mask: u32,
+}
+
+impl<W: Warp> Warp for Among<'_, W> {
+    #[inline(always)]
+    fn active(&self) -> u32 {
+        self.mask
+    }
+    #[inline(always)]
+    fn lane(&self) -> u32 {
+        self.warp.lane()
+    }
+    #[inline(always)]
+    fn shfl(&self, mask: u32, v: u32, src: u32) -> u32 {
+        self.warp.shfl(mask, v, src)
+    }
+    #[inline(always)]
+    fn match_any(&self, mask: u32, v: u64) -> u32 {
+        self.warp.match_any(mask, v)
+    }
+    #[inline(always)]
+    fn match_all(&self, mask: u32, v: u64) -> bool {
+        self.warp.match_all(mask, v)
+    }
+    #[inline(always)]
+    fn ballot(&self, mask: u32, pred: bool) -> u32 {
+        self.warp.ballot(mask, pred)
+    }
+    #[inline(always)]
+    fn slot_hint(&self) -> u32 {
+        self.warp.slot_hint()
+    }
+    #[inline(always)]
+    fn fetch_or_acquire(&self, a: &AtomicU64, v: u64) -> u64 {
+        self.warp.fetch_or_acquire(a, v)
+    }
+    #[inline(always)]
+    fn fetch_and_release(&self, a: &AtomicU64, v: u64) -> u64 {
+        self.warp.fetch_and_release(a, v)
+    }
+}
+
+/// Allocates `bytes` for each calling lane of `warp` (each lane its own size); null where no
+/// class serves the size or the class is exhausted. `seed` picks where in each class's slab the
+/// warp starts (the warp's index in the grid on the GPU: see [`slab::warp_hint`]).
+///
+/// # Safety
+/// `g` is a formatted general header whose segments stay valid for the call.
+#[inline(always)]
+pub unsafe fn malloc<W: Warp>(g: &GeneralHeader, warp: &W, bytes: u64, seed: u32) -> *mut u8 {
+    let class = request_class(bytes);
+    let active = warp.active();
+    if warp.match_all(active, class as u64) {
+        // SAFETY: forwarded contract.
+        return unsafe { alloc_class(g, warp, class, seed) };
+    }
+    let mut out = core::ptr::null_mut();
+    let mut todo = active;
+    while todo != 0 {
+        // Every lane of `active` runs every round, so the collectives name `active`.
+        let k = warp.shfl(active, class, todo.trailing_zeros());
+        let group = warp.ballot(active, class == k);
+        if class == k {
+            // SAFETY: forwarded contract; exactly the lanes of `group` get here.
+            out = unsafe { alloc_class(g, &Among { warp, mask: group }, class, seed) };
+        }
+        todo &= !group;
+    }
+    out
+}
+
+/// One block of `class` for each lane of `warp` (all asking for `class`).
+///
+/// # Safety
+/// As for [`malloc`].
+#[inline(always)]
+unsafe fn alloc_class<W: Warp>(g: &GeneralHeader, warp: &W, class: u32, seed: u32) -> *mut u8 {
+    if class >= g.nclasses {
+        let active = warp.active();
+        if warp.lane() == active.trailing_zeros() {
+            // SAFETY: forwarded contract.
+            unsafe { g.count(COUNTER_FAILED_ALLOCS, warp.slot_hint(), active.count_ones()) };
+        }
+        return core::ptr::null_mut();
+    }
+    // SAFETY: forwarded contract; `class < nclasses`.
+    let h = unsafe { g.class_handle(class) };
+    // SAFETY: a formatted slab segment (its chain is that one segment).
+    unsafe { slab::chain_alloc(h, warp, slab::warp_hint(seed, h.capacity)) }
+}
+
+/// The group key of `ptr` for [`free`]: its class, [`NO_CLASS`] outside every class, or a key of
+/// its own for null.
+#[inline(always)]
+pub fn free_key(g: &GeneralHeader, ptr: *mut u8) -> u32 {
+    if ptr.is_null() {
+        return NULL_KEY;
+    }
+    g.class_of_ptr(ptr).unwrap_or(NO_CLASS)
+}
+
+/// Frees `ptr` for each calling lane of `warp` (each lane its own pointer, of any class). Null
+/// is ignored; a pointer outside every class, or not at a block's start, is counted as a foreign
+/// free and ignored.
+///
+/// # Safety
+/// As for [`malloc`]; a block of the heap must not be used after this call.
+#[inline(always)]
+pub unsafe fn free<W: Warp>(g: &GeneralHeader, warp: &W, ptr: *mut u8) {
+    let key = free_key(g, ptr);
+    let active = warp.active();
+    if warp.match_all(active, key as u64) {
+        // SAFETY: forwarded contract.
+        return unsafe { free_class(g, warp, key, ptr) };
+    }
+    let mut todo = active;
+    while todo != 0 {
+        let k = warp.shfl(active, key, todo.trailing_zeros());
+        let group = warp.ballot(active, key == k);
+        if key == k {
+            // SAFETY: forwarded contract; exactly the lanes of `group` get here.
+            unsafe { free_class(g, &Among { warp, mask: group }, key, ptr) };
+        }
+        todo &= !group;
+    }
+}
+
+/// Frees `ptr` for each lane of `warp` (all of key `key`).
+///
+/// # Safety
+/// As for [`free`].
+#[inline(always)]
+pub unsafe fn free_class<W: Warp>(g: &GeneralHeader, warp: &W, key: u32, ptr: *mut u8) {
+    if key == NULL_KEY {
+        return;
+    }
+    if key >= g.nclasses {
+        let active = warp.active();
+        if warp.lane() == active.trailing_zeros() {
+            // SAFETY: forwarded contract.
+            unsafe { g.count(COUNTER_FOREIGN_FREES, warp.slot_hint(), active.count_ones()) };
+        }
+        return;
+    }
+    // SAFETY: forwarded contract; `key < nclasses`.
+    let h = unsafe { g.class_handle(key) };
+    // SAFETY: a formatted slab segment; the caller gives up `ptr`.
+    unsafe { slab::chain_free(h, warp, ptr) }
+}
+
+/// The request size of thread `i` in carve's mixed-size tests (`carve_test_general_*` kernels
+/// and their host checks): a hash of `i` and `seed` over 16 B to 4 KiB, a multiple of 4.
+pub fn test_request_size(i: u64, seed: u32) -> u64 {
+    let mut x = (i ^ (seed as u64) << 32).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x ^= x >> 29;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 32;
+    16 + 4 * (x % 1021)
+}
+
+#[cfg(all(test, not(carve_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_map_to_classes_or_none() {
+        assert_eq!(request_class(0), NO_CLASS);
+        assert_eq!(request_class(1), 0);
+        assert_eq!(request_class(65_536), NUM_CLASSES as u32 - 1);
+        assert_eq!(request_class(65_537), NO_CLASS);
+        assert_eq!(request_class(u32::MAX as u64 + 17), NO_CLASS);
+    }
+}

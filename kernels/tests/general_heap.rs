@@ -1,0 +1,300 @@
+//! The general heap (`carve_malloc` / `carve_free`) on the host: class routing, free by pointer,
+//! exhaustion of one class, exact statistics; mixed sizes across 32 lanes of one call through the
+//! lock-step warp emulator, as the PTX entry points run them.
+#![cfg(not(carve_loom))]
+
+mod support;
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use carve_kernels::general::{self, NO_CLASS};
+use carve_kernels::heap_layout::*;
+use carve_kernels::size_class::{class_of, class_size, NUM_CLASSES};
+use carve_kernels::warp::{SoloLane, Warp};
+use support::lockstep;
+
+/// A general heap in one host region laid out exactly as on the device.
+struct HostGeneral {
+    base: *mut u8,
+    layout: Layout,
+    plan: GeneralPlan,
+}
+
+// SAFETY: the region outlives every use; blocks are used only by their owner, metadata only
+// through atomics.
+unsafe impl Send for HostGeneral {}
+// SAFETY: as above.
+unsafe impl Sync for HostGeneral {}
+
+impl HostGeneral {
+    fn new(bytes_per_class: u64) -> Self {
+        let plan = general_plan(bytes_per_class).unwrap();
+        let layout = Layout::from_size_align(plan.total, 4096).unwrap();
+        // SAFETY: a non-zero size.
+        let base = unsafe { alloc_zeroed(layout) };
+        assert!(!base.is_null());
+        let b = base as u64;
+        // SAFETY: the header and each class handle lie inside the fresh, zeroed region, at
+        // 8-byte aligned offsets.
+        unsafe {
+            (base as *mut GeneralHeader).write(plan.header(b));
+            for c in 0..NUM_CLASSES {
+                (base.add(plan.class_offset(c)) as *mut HeapHandle).write(plan.class_handle(
+                    c,
+                    b,
+                    FLAG_CHECKED_FREES,
+                ));
+            }
+        }
+        HostGeneral { base, layout, plan }
+    }
+
+    fn header(&self) -> &GeneralHeader {
+        // SAFETY: formatted in `new`.
+        unsafe { general::header(self.base as *const GeneralHeader) }.unwrap()
+    }
+
+    fn class(&self, c: usize) -> &HeapHandle {
+        // SAFETY: formatted in `new`.
+        unsafe { self.header().class_handle(c as u32) }
+    }
+
+    fn malloc<W: Warp>(&self, w: &W, bytes: u64) -> *mut u8 {
+        // SAFETY: a formatted heap that outlives the call.
+        unsafe { general::malloc(self.header(), w, bytes, 0) }
+    }
+
+    fn free<W: Warp>(&self, w: &W, p: *mut u8) {
+        // SAFETY: as above; callers free only what they own (or test foreign pointers).
+        unsafe { general::free(self.header(), w, p) }
+    }
+
+    fn sum64(addr: u64, n: usize) -> u64 {
+        // SAFETY: `addr` is an array of `n` atomics inside the region.
+        (0..n)
+            .map(|i| unsafe { &*(addr as *const AtomicU64).add(i) }.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    fn sum32(addr: u64, n: usize) -> u64 {
+        // SAFETY: as for `sum64`.
+        (0..n)
+            .map(|i| unsafe { &*(addr as *const AtomicU32).add(i) }.load(Ordering::Relaxed) as u64)
+            .sum()
+    }
+
+    /// Header counter `which` (requests no class serves, frees outside every class).
+    fn header_counter(&self, which: usize) -> u64 {
+        Self::sum64(
+            self.header().counters + (8 * which * COUNTER_SLOTS) as u64,
+            COUNTER_SLOTS,
+        )
+    }
+
+    /// Class `c`: (in use, peak sum, failed, foreign, double).
+    fn class_stats(&self, c: usize) -> (u64, u64, u64, u64, u64) {
+        let h = self.class(c);
+        let counter = |w: usize| Self::sum64(h.counters + (8 * w * COUNTER_SLOTS) as u64, 32);
+        (
+            Self::sum32(h.shard_used, h.nshards as usize),
+            Self::sum32(h.shard_peak, h.nshards as usize),
+            counter(COUNTER_FAILED_ALLOCS),
+            counter(COUNTER_FOREIGN_FREES),
+            counter(COUNTER_DOUBLE_FREES),
+        )
+    }
+
+    fn total_in_use(&self) -> u64 {
+        (0..NUM_CLASSES).map(|c| self.class_stats(c).0).sum()
+    }
+
+    /// Asserts `p` is a block start of the class serving `bytes`, inside its data range.
+    fn assert_block_of(&self, p: *mut u8, bytes: u64) {
+        let c = class_of(bytes as u32).unwrap() as usize;
+        let h = self.class(c);
+        let a = p as u64;
+        assert!(
+            a >= h.data && a < h.data + h.capacity * h.block_size,
+            "{bytes} B -> {a:#x} outside class {c}"
+        );
+        assert_eq!(
+            (a - h.data) % h.block_size,
+            0,
+            "{bytes} B: not a block start"
+        );
+        assert_eq!(self.header().class_of_ptr(p), Some(c as u32));
+        assert_eq!(
+            a % slab_block_align(h.block_size),
+            0,
+            "{bytes} B: misaligned"
+        );
+    }
+}
+
+impl Drop for HostGeneral {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { dealloc(self.base, self.layout) };
+    }
+}
+
+fn hash(i: u32) -> u32 {
+    let mut x = i.wrapping_mul(0x9E37_79B9) ^ 0x5bd1_e995;
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x2c1b_3c6d);
+    x ^ (x >> 12)
+}
+
+#[test]
+fn every_size_routes_to_its_class_and_frees_by_pointer() {
+    let heap = HostGeneral::new(1);
+    let w = SoloLane::default();
+    let sizes: Vec<u64> = (1..=65_536u64)
+        .step_by(97)
+        .chain((0..NUM_CLASSES as u32).map(|c| class_size(c) as u64))
+        .collect();
+    for &bytes in &sizes {
+        let p = heap.malloc(&w, bytes);
+        assert!(!p.is_null(), "{bytes} B");
+        heap.assert_block_of(p, bytes);
+        // SAFETY: the block is ours, `class_size >= bytes` bytes.
+        unsafe { p.write_bytes(0xAB, bytes as usize) };
+        assert_eq!(heap.total_in_use(), 1, "{bytes} B");
+        heap.free(&w, p);
+        assert_eq!(heap.total_in_use(), 0, "{bytes} B");
+    }
+    for c in 0..NUM_CLASSES {
+        let (_, _, failed, foreign, double) = heap.class_stats(c);
+        assert_eq!((failed, foreign, double), (0, 0, 0), "class {c}");
+    }
+    assert_eq!(heap.header_counter(COUNTER_FAILED_ALLOCS), 0);
+    assert_eq!(heap.header_counter(COUNTER_FOREIGN_FREES), 0);
+}
+
+#[test]
+fn unserved_sizes_and_foreign_pointers_are_counted() {
+    let heap = HostGeneral::new(1);
+    let w = SoloLane { slot: 5 };
+    assert!(heap.malloc(&w, 0).is_null());
+    assert!(heap.malloc(&w, 65_537).is_null());
+    assert!(heap.malloc(&w, u64::MAX).is_null());
+    assert_eq!(heap.header_counter(COUNTER_FAILED_ALLOCS), 3);
+    heap.free(&w, core::ptr::null_mut());
+    let mut outside = 0u64;
+    heap.free(&w, &mut outside as *mut u64 as *mut u8);
+    heap.free(&w, heap.base); // the header: below class 0
+    assert_eq!(heap.header_counter(COUNTER_FOREIGN_FREES), 2);
+    // Inside class 3's segment but not a block start: the class's slab counts it.
+    let p = heap.malloc(&w, 64);
+    heap.free(&w, p.wrapping_add(8));
+    assert_eq!(heap.class_stats(3).3, 1);
+    heap.free(&w, p);
+    assert_eq!(heap.total_in_use(), 0);
+}
+
+#[test]
+fn exhausting_one_class_leaves_the_others_alone() {
+    let heap = HostGeneral::new(1);
+    let w = SoloLane::default();
+    let last = NUM_CLASSES - 1;
+    let cap = heap.class(last).capacity;
+    assert_eq!(cap, heap.plan.classes[last].capacity);
+    let mut big: Vec<*mut u8> = (0..cap).map(|_| heap.malloc(&w, 65_536)).collect();
+    assert!(big.iter().all(|p| !p.is_null()));
+    assert!(heap.malloc(&w, 60_000).is_null(), "class {last} is full");
+    assert_eq!(heap.class_stats(last).2, 1, "the class counts its failure");
+    assert_eq!(heap.header_counter(COUNTER_FAILED_ALLOCS), 0);
+    // Every other class still serves its whole capacity.
+    let cap0 = heap.class(0).capacity;
+    let small: Vec<*mut u8> = (0..cap0).map(|_| heap.malloc(&w, 16)).collect();
+    assert!(small.iter().all(|p| !p.is_null()));
+    let mut seen: Vec<u64> = small.iter().map(|&p| p as u64).collect();
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen.len() as u64, cap0, "distinct blocks");
+    assert!(heap.malloc(&w, 1).is_null());
+    assert!(!heap.malloc(&w, 17).is_null(), "class 1 untouched");
+    assert_eq!(heap.class_stats(0), (cap0, cap0, 1, 0, 0));
+    // Frees return blocks: the full class serves again.
+    let p = big.pop().unwrap();
+    heap.free(&w, p);
+    assert_eq!(heap.malloc(&w, 65_536), p);
+}
+
+/// 32 lanes, each its own size (a hash over 16 B to 4 KiB, plus some unserved sizes), in one
+/// call: every block in its class, no two overlapping; then one mixed free returns them all.
+#[test]
+fn mixed_sizes_across_a_warp_in_one_call() {
+    let heap = HostGeneral::new(1 << 18);
+    for round in 0..8u32 {
+        let size = |l: u32| -> u64 {
+            match hash(l + 32 * round) % 23 {
+                0 if round % 2 == 1 => 0,
+                1 if round % 2 == 1 => 100_000,
+                h if h < 4 => 64, // a few lanes share a class
+                _ => 16 + (hash(l ^ (round << 8)) % 4081) as u64,
+            }
+        };
+        let failed_before = heap.header_counter(COUNTER_FAILED_ALLOCS);
+        let got = lockstep::run(32, round, |w| {
+            let bytes = size(w.lane());
+            let p = heap.malloc(w, bytes);
+            if !p.is_null() {
+                // SAFETY: the block is this lane's, at least `bytes` long.
+                unsafe { p.write_bytes(w.lane() as u8, bytes as usize) };
+            }
+            (p as u64, bytes)
+        });
+        let mut live: Vec<(u64, u64)> = Vec::new();
+        let mut unserved = 0;
+        for (l, &(p, bytes)) in got.iter().enumerate() {
+            if general::request_class(bytes) == NO_CLASS {
+                assert_eq!(p, 0, "lane {l}: {bytes} B");
+                unserved += 1;
+                continue;
+            }
+            assert_ne!(p, 0, "lane {l}: {bytes} B");
+            heap.assert_block_of(p as *mut u8, bytes);
+            // SAFETY: written above by lane `l`; nobody else holds it.
+            let s = unsafe { std::slice::from_raw_parts(p as *const u8, bytes as usize) };
+            assert!(s.iter().all(|&b| b == l as u8), "lane {l}: overwritten");
+            live.push((p, bytes));
+        }
+        live.sort_unstable();
+        assert!(
+            live.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0),
+            "blocks overlap"
+        );
+        assert_eq!(heap.total_in_use(), live.len() as u64);
+        assert_eq!(
+            heap.header_counter(COUNTER_FAILED_ALLOCS) - failed_before,
+            unserved
+        );
+        // Free in a different lane order than allocation, nulls included.
+        lockstep::run(32, round, |w| {
+            let (p, _) = got[(31 - w.lane()) as usize];
+            heap.free(w, p as *mut u8);
+        });
+        assert_eq!(heap.total_in_use(), 0, "round {round}");
+    }
+    for c in 0..NUM_CLASSES {
+        let (_, _, failed, foreign, double) = heap.class_stats(c);
+        assert_eq!((failed, foreign, double), (0, 0, 0), "class {c}");
+    }
+    assert_eq!(heap.header_counter(COUNTER_FOREIGN_FREES), 0);
+}
+
+/// A whole warp asking one size takes the single-class path: 32 consecutive blocks of the run.
+#[test]
+fn one_size_across_a_warp_takes_one_run() {
+    let heap = HostGeneral::new(1 << 18);
+    let got = lockstep::run(32, 0, |w| heap.malloc(w, 48) as u64);
+    let h = heap.class(2);
+    let mut idx: Vec<u64> = got.iter().map(|&p| (p - h.data) / 48).collect();
+    idx.sort_unstable();
+    assert!(idx.windows(2).all(|w| w[1] == w[0] + 1), "{idx:?}");
+    assert_eq!(heap.class_stats(2).0, 32);
+    lockstep::run(32, 0, |w| heap.free(w, got[w.lane() as usize] as *mut u8));
+    assert_eq!(heap.class_stats(2), (0, 32, 0, 0, 0));
+}
