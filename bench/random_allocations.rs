@@ -266,7 +266,7 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
         &["resource", "threads", "M steps/s (all threads)", "ns per step per thread", "speedup vs 1 thread"],
     );
     let max = 64 << 10;
-    // The last two rows are controls: each thread gets a resource of its own, so nothing is
+    // The last three rows are controls: each thread gets a resource of its own, so nothing is
     // shared; their speedup (against the shared resource's single thread, the same setup) is
     // what the machine itself allows.
     let rows: [(&str, bool, &[usize]); 6] = [
@@ -306,21 +306,14 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
                             let mut live = Live::new();
                             // Warm-up: the same run, so the timed ones reuse memory. A failed
                             // thread still reaches every start line, so no other waits forever.
-                            let mut result =
-                                workload(&**mr, s, n, max, per_thread_cap, seed, &mut live)
-                                    .map(|_| Vec::new());
+                            let run = |live: &mut Live| {
+                                workload(&**mr, s, n, max, per_thread_cap, seed, live)
+                            };
+                            let mut result = run(&mut live).map(|_| Vec::new());
                             for line in start_lines {
                                 line.wait();
                                 if let Ok(spans) = &mut result {
-                                    match workload(
-                                        &**mr,
-                                        s,
-                                        n,
-                                        max,
-                                        per_thread_cap,
-                                        seed,
-                                        &mut live,
-                                    ) {
+                                    match run(&mut live) {
                                         Ok(span) => spans.push(span),
                                         Err(e) => result = Err(e),
                                     }
@@ -369,6 +362,6 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
             drop(streams);
         }
     }
-    multi.note("median of 3 passes after an untimed warm-up run per thread; a pass's time is the wall time from the first thread's first step to the last thread's last step; threads start together (a barrier, then a spin until all have woken); each thread reuses its list of live allocations from the warm-up, so the timed steps neither allocate nor page-fault outside the resource; cleanup untimed");
+    multi.note(format!("median of {PASSES} passes after an untimed warm-up run per thread; a pass's time is the wall time from the first thread's first step to the last thread's last step; threads start together (a barrier, then a spin until all have woken); each thread reuses its list of live allocations from the warm-up, so the timed steps neither allocate nor page-fault outside the resource; cleanup untimed"));
     Ok(vec![single, multi])
 }
