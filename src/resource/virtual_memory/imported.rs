@@ -12,9 +12,10 @@ use crate::driver::Device;
 use crate::error::{Error, Result};
 
 /// Another process's chunk, mapped read-write on one device at an address of this process's
-/// own (not the exporter's). Unmapped and released on drop; the exporter's memory stays its
-/// own, so both sides see each other's writes (order them as for any shared memory, e.g. by
-/// synchronising before signalling the other process).
+/// own (not the exporter's). Both processes map the same physical memory, so each sees the
+/// other's writes once they are ordered (for example, synchronise before signalling the other
+/// process). Drop unmaps it here and drops this process's reference; the exporter's mapping is
+/// untouched.
 pub struct ImportedChunk {
     backing: CudaBacking,
     handle: PhysicalHandle,
