@@ -1,7 +1,8 @@
 //! In-kernel allocation: N threads each make one request, one kernel timed with events, median
 //! of several runs after a warm-up. Peers in the same run: the empty kernel (launch floor), one
 //! `atomicAdd` per thread (the single-counter bump limit), CUDA's in-kernel malloc/free
-//! (time-bounded), carve's bump arena and carve's slab.
+//! (time-bounded), carve's bump arena and carve's slab. A second table: mixed sizes through
+//! `carve_malloc` / `carve_free` (the general heap) against CUDA's malloc on the same sizes.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +16,8 @@ use super::table::Table;
 const RUNS: usize = 5;
 /// Largest heap the benchmark reserves.
 const MAX_HEAP: u64 = 40 << 30;
+/// Largest general heap the mixed-size table reserves (every class the same bytes).
+const MAX_GENERAL_HEAP: u64 = 64 << 30;
 /// How long CUDA's in-kernel malloc may run before it is reported as not finishing.
 const MALLOC_LIMIT: Duration = Duration::from_secs(10);
 
@@ -107,14 +110,28 @@ fn slab(
 /// CUDA's in-kernel malloc then free, or why not.
 fn cuda_malloc(c: &Ctx, n: u64, bs: u64, out: &DeviceVec<u64>) -> carve::Result<(String, String)> {
     let k = c.kernels();
+    // SAFETY: out holds n u64s; the malloc heap limit was set before the first launch.
+    timed_malloc_free(c, n, out, || unsafe {
+        k.cuda_malloc(n, out.as_ptr(), n, bs)
+    })
+}
+
+/// Times `malloc` (a launch of CUDA's in-kernel malloc into `out`) and then CUDA's free of what
+/// it wrote, bounded to `MALLOC_LIMIT`: rates in M/s, with the nulls counted.
+fn timed_malloc_free(
+    c: &Ctx,
+    n: u64,
+    out: &DeviceVec<u64>,
+    malloc: impl FnOnce() -> carve::Result<()>,
+) -> carve::Result<(String, String)> {
+    let k = c.kernels();
     let (start, mid, end) = (
         Event::new(&c.dev, true)?,
         Event::new(&c.dev, true)?,
         Event::new(&c.dev, true)?,
     );
     start.record(c.stream.as_ref())?;
-    // SAFETY: out holds n u64s; the malloc heap limit was set before the first launch.
-    unsafe { k.cuda_malloc(n, out.as_ptr(), n, bs) }?;
+    malloc()?;
     mid.record(c.stream.as_ref())?;
     // SAFETY: frees what the launch above allocated (nulls are ignored by free).
     unsafe { k.cuda_free(n, out.as_ptr(), n) }?;
@@ -150,7 +167,7 @@ fn env_list<T: std::str::FromStr>(var: &str) -> Option<Vec<T>> {
     v.split(',').map(|x| x.trim().parse().ok()).collect()
 }
 
-pub fn run(quick: bool) -> carve::Result<Table> {
+pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
     let mut table = Table::new(
         "device_alloc: N threads, one request each (G allocs/s unless noted; median of 5)",
         &[
@@ -170,7 +187,7 @@ pub fn run(quick: bool) -> carve::Result<Table> {
         Ok(d) => d,
         Err(e) => {
             table.note(format!("no GPU ({e}): nothing measured"));
-            return Ok(table);
+            return Ok(vec![table]);
         }
     };
     dev.bind()?;
@@ -270,5 +287,105 @@ pub fn run(quick: bool) -> carve::Result<Table> {
             table.row(row);
         }
     }
+    let mixed = mixed_sizes(&c, quick)?;
+    Ok(vec![table, mixed])
+}
+
+/// Hashed request sizes over 16 B to `max` (seed 1), through the general heap and CUDA's malloc.
+///
+/// The general heap gives every class the same bytes, so the grid stops where its classes
+/// would pass `MAX_GENERAL_HEAP` in all: 2^20 threads up to 4 KiB, 2^16 up to 64 KiB.
+fn mixed_sizes(c: &Ctx, quick: bool) -> carve::Result<Table> {
+    let mut table = Table::new(
+        "device_alloc, mixed sizes: thread i asks for 16 B + hash(i) % (max − 15) bytes \
+         (G requests/s unless noted; median of 5)",
+        &[
+            "N",
+            "sizes",
+            "per class (MiB)",
+            "carve_malloc",
+            "carve_free",
+            "failed",
+            "CUDA malloc",
+            "CUDA free",
+        ],
+    );
+    let grid: &[(u32, u64)] = if quick {
+        &[(16, 4096)]
+    } else {
+        &[(16, 4096), (20, 4096), (22, 4096), (16, 65536)]
+    };
+    const SEED: u32 = 1;
+    for &(log_n, max) in grid {
+        let n = 1u64 << log_n;
+        // Each class must hold every request it may get. The widest class takes an eighth of
+        // the sizes (a quarter of the top power of two), in blocks of at most `max` bytes:
+        // n × max / 8, doubled for headroom.
+        let per_class = (n * max / 4).next_power_of_two();
+        let mut row = vec![
+            format!("2^{log_n}"),
+            format!("16 B–{} KiB", max >> 10),
+            (per_class >> 20).to_string(),
+        ];
+        if per_class * carve_kernels::size_class::NUM_CLASSES as u64 > MAX_GENERAL_HEAP {
+            row.extend(std::iter::repeat_n("(heap > 64 GiB)".to_string(), 5));
+            table.row(row);
+            continue;
+        }
+        let out = DeviceVec::<u64>::zeroed(n as usize, &c.stream, c.mr.clone())?;
+        let heap = DeviceHeap::general(c.mr.clone(), &c.stream, per_class)?;
+        let (k, h, o) = (c.kernels(), heap.device_ptr(), out.as_ptr());
+        // SAFETY: `out` holds n u64s; the heap lives until the end of the row; each free takes
+        // back exactly what the allocation before it wrote.
+        let alloc = || unsafe { k.general_malloc_bench(n, h, o, n, max, SEED) };
+        // SAFETY: as above.
+        let free = || unsafe { k.general_free_bench(n, h, o, n) };
+        let alloc_ms = time(&c.dev, &c.stream, alloc, free)?;
+        alloc()?;
+        let free_ms = time(&c.dev, &c.stream, free, alloc)?;
+        free()?;
+        let s = heap.stats()?;
+        if s.double_frees > 0 || s.foreign_frees > 0 || s.in_use > 0 {
+            return Err(carve::Error::InvalidArgument(format!(
+                "mixed-size bench: {} double and {} foreign frees, {} blocks left at 2^{log_n}",
+                s.double_frees, s.foreign_frees, s.in_use
+            )));
+        }
+        row.push(rate(n, alloc_ms));
+        row.push(rate(n, free_ms));
+        // Every timed and untimed allocation launch counts its failures.
+        row.push(s.failed_allocs.to_string());
+        drop(heap);
+        if log_n <= 16 || (log_n == 20 && max == 4096 && !quick) {
+            let (m, f) = cuda_malloc_mixed(c, n, max, SEED, &out)?;
+            row.push(m);
+            row.push(f);
+        } else {
+            row.push("–".into());
+            row.push("–".into());
+        }
+        table.row(row);
+    }
+    table.note(
+        "carve: a general heap (DeviceHeap::general), every class a slab segment of the bytes \
+         in the third column; timed like the slab columns above (alloc after a free, free after \
+         an alloc). CUDA malloc: the same sizes under the 1 GiB malloc heap limit, bounded to \
+         10 s; its nulls are reported.",
+    );
     Ok(table)
+}
+
+/// CUDA's in-kernel malloc then free on the mixed sizes, or why not.
+fn cuda_malloc_mixed(
+    c: &Ctx,
+    n: u64,
+    max: u64,
+    seed: u32,
+    out: &DeviceVec<u64>,
+) -> carve::Result<(String, String)> {
+    let k = c.kernels();
+    // SAFETY: out holds n u64s; the malloc heap limit was set before the first launch.
+    timed_malloc_free(c, n, out, || unsafe {
+        k.cuda_malloc_mixed(n, out.as_ptr(), n, max, seed)
+    })
 }

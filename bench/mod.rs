@@ -66,7 +66,7 @@ pub fn run(args: &BenchArgs) -> carve::Result<()> {
             Workload::AllocFree => vec![alloc_free::run(args.quick)?],
             Workload::AdaptorOverhead => vec![adaptor_overhead::run(args.quick)?],
             Workload::RandomAllocations => random_allocations::run(args.quick)?,
-            Workload::DeviceAlloc => vec![device_alloc::run(args.quick)?],
+            Workload::DeviceAlloc => device_alloc::run(args.quick)?,
             Workload::TraceReplay => trace_replay::run(args.quick)?,
             Workload::VirtualGrowth => vec![virtual_growth::run(args.quick)?],
         };

@@ -249,14 +249,26 @@ pub unsafe fn free_class<W: Warp>(g: &GeneralHeader, warp: &W, key: u32, ptr: *m
     unsafe { slab::chain_free(h, warp, ptr) }
 }
 
-/// The request size of thread `i` in carve's mixed-size tests (`carve_test_general_*` kernels
-/// and their host checks): a hash of `i` and `seed` over 16 B to 4 KiB, a multiple of 4.
-pub fn test_request_size(i: u64, seed: u32) -> u64 {
+/// A hash of `i` and `seed`, spread over all 64 bits (splitmix-style).
+#[inline(always)]
+fn mix(i: u64, seed: u32) -> u64 {
     let mut x = (i ^ (seed as u64) << 32).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     x ^= x >> 29;
     x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x ^= x >> 32;
-    16 + 4 * (x % 1021)
+    x ^ (x >> 32)
+}
+
+/// The request size of thread `i` in carve's mixed-size tests (`carve_test_general_*` kernels
+/// and their host checks): a hash of `i` and `seed` over 16 B to 4 KiB, a multiple of 4.
+pub fn test_request_size(i: u64, seed: u32) -> u64 {
+    16 + 4 * (mix(i, seed) % 1021)
+}
+
+/// The request size of thread `i` in the mixed-size benchmarks: a hash of `i` and `seed`,
+/// uniform over `16..=max` bytes (`max >= 16`).
+#[inline(always)]
+pub fn bench_request_size(i: u64, seed: u32, max: u64) -> u64 {
+    16 + mix(i, seed) % (max - 15)
 }
 
 #[cfg(all(test, not(carve_loom)))]

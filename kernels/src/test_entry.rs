@@ -5,7 +5,7 @@
 
 use alloc::vec::Vec;
 
-use crate::general::test_request_size;
+use crate::general::{bench_request_size, test_request_size};
 use crate::global_alloc::CarveAlloc;
 use crate::heap_entry::{
     carve_bump_alloc, carve_free, carve_malloc, carve_slab_alloc, carve_slab_free, slab_alloc_with,
@@ -478,6 +478,64 @@ pub unsafe extern "ptx-kernel" fn carve_bench_malloc(out: *mut u64, n: u64, byte
     if let Some(i) = tid(n) {
         // SAFETY: device malloc has no preconditions; i < n.
         unsafe { out.add(i).write(malloc(bytes as usize) as u64) };
+    }
+}
+
+/// Benchmark form of [`carve_malloc`] on mixed sizes: thread `i < n` allocates
+/// [`bench_request_size`]`(i, seed, max)` bytes into `out[i]` (0 on failure), writing nothing
+/// into the block.
+///
+/// # Safety
+/// As for [`carve_malloc`]; `out` holds `n` `u64`s.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn carve_bench_general_malloc(
+    heap: *const GeneralHeader,
+    out: *mut u64,
+    n: u64,
+    max: u64,
+    seed: u32,
+) {
+    if let Some(i) = tid(n) {
+        // SAFETY: forwarded contract.
+        let p = unsafe { carve_malloc(heap, bench_request_size(i as u64, seed, max)) };
+        // SAFETY: i < n.
+        unsafe { out.add(i).write(p as u64) };
+    }
+}
+
+/// Benchmark form of [`carve_free`]: thread `i < n` frees `ptrs[i]` (0 is ignored).
+///
+/// # Safety
+/// As for [`carve_free`]; `ptrs` holds what [`carve_bench_general_malloc`] wrote, each freed
+/// once.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn carve_bench_general_free(
+    heap: *const GeneralHeader,
+    ptrs: *const u64,
+    n: u64,
+) {
+    if let Some(i) = tid(n) {
+        // SAFETY: forwarded contract; i < n.
+        unsafe { carve_free(heap, ptrs.add(i).read() as *mut u8) };
+    }
+}
+
+/// The baseline on mixed sizes: thread `i < n` calls CUDA's in-kernel `malloc` for
+/// [`bench_request_size`]`(i, seed, max)` bytes into `out[i]`.
+///
+/// # Safety
+/// `out` holds `n` `u64`s; the context's malloc heap limit is set.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn carve_bench_malloc_mixed(
+    out: *mut u64,
+    n: u64,
+    max: u64,
+    seed: u32,
+) {
+    if let Some(i) = tid(n) {
+        let bytes = bench_request_size(i as u64, seed, max) as usize;
+        // SAFETY: device malloc has no preconditions; i < n.
+        unsafe { out.add(i).write(malloc(bytes) as u64) };
     }
 }
 

@@ -81,6 +81,20 @@ impl<'a> HeapKernels<'a> {
         general_check_free => "carve_test_general_check_free"(heap: u64, ptrs: u64, n: u64, seed: u32, bad: u64)
     );
     launcher!(
+        /// Benchmark: thread `i < n` allocates a hashed size over `16..=max` bytes from the
+        /// general heap at `heap` into `out[i]`, writing nothing into the block.
+        general_malloc_bench => "carve_bench_general_malloc"(heap: u64, out: u64, n: u64, max: u64, seed: u32)
+    );
+    launcher!(
+        /// Benchmark: thread `i < n` frees `ptrs[i]` into the general heap at `heap`.
+        general_free_bench => "carve_bench_general_free"(heap: u64, ptrs: u64, n: u64)
+    );
+    launcher!(
+        /// Baseline: thread `i < n` calls CUDA's in-kernel `malloc` for a hashed size over
+        /// `16..=max` bytes into `out[i]`.
+        cuda_malloc_mixed => "carve_bench_malloc_mixed"(out: u64, n: u64, max: u64, seed: u32)
+    );
+    launcher!(
         /// Thread `i < n` bump-allocates `bytes` aligned to `align` into `out[i]`.
         bump_alloc => "carve_heap_bump_alloc"(heap: u64, out: u64, n: u64, bytes: u64, align: u64)
     );
