@@ -3,9 +3,10 @@
 //!
 //! **Allocation.** Each lane maps its request to a class. When every calling lane asks for the
 //! same class (a warp allocating one size, the common case) the warp runs that class's slab
-//! allocation as it is, straight-line on a full warp. Otherwise the lanes are grouped by class:
-//! one group per round (the class of the lowest lane not yet served, found with one shuffle and
-//! one ballot), each group running the slab allocation as a warp of its own lanes ([`Among`]).
+//! allocation as it is, straight-line on a full warp. Otherwise the lanes are grouped by class
+//! (`match_any`), and every group runs the slab allocation at once as a warp of its own lanes
+//! ([`Among`]): its collectives name only its lanes, as in warp-aggregated atomics keyed by
+//! `match_any`, so the groups' atomics overlap.
 //! Requests of 0 bytes or more than 64 KiB return null and are counted as failed allocations in
 //! the header's counters (whole-segment large requests come later).
 //!
@@ -155,19 +156,12 @@ pub unsafe fn malloc<W: Warp>(g: &GeneralHeader, warp: &W, bytes: u64, seed: u32
         // SAFETY: forwarded contract.
         return unsafe { alloc_class(g, warp, class, seed) };
     }
-    let mut out = core::ptr::null_mut();
-    let mut todo = active;
-    while todo != 0 {
-        // Every lane of `active` runs every round, so the collectives name `active`.
-        let k = warp.shfl(active, class, todo.trailing_zeros());
-        let group = warp.ballot(active, class == k);
-        if class == k {
-            // SAFETY: forwarded contract; exactly the lanes of `group` get here.
-            out = unsafe { alloc_class(g, &Among { warp, mask: group }, class, seed) };
-        }
-        todo &= !group;
-    }
-    out
+    // Every class group at once, each a warp of its own lanes (its collectives name only its
+    // lanes, as in warp-aggregated atomics keyed by `match_any`): the groups' atomics overlap
+    // instead of running one group per round.
+    let group = warp.match_any(active, class as u64);
+    // SAFETY: forwarded contract; exactly the lanes of `group` make this call.
+    unsafe { alloc_class(g, &Among { warp, mask: group }, class, seed) }
 }
 
 /// One block of `class` for each lane of `warp` (all asking for `class`).
@@ -214,16 +208,10 @@ pub unsafe fn free<W: Warp>(g: &GeneralHeader, warp: &W, ptr: *mut u8) {
         // SAFETY: forwarded contract.
         return unsafe { free_class(g, warp, key, ptr) };
     }
-    let mut todo = active;
-    while todo != 0 {
-        let k = warp.shfl(active, key, todo.trailing_zeros());
-        let group = warp.ballot(active, key == k);
-        if key == k {
-            // SAFETY: forwarded contract; exactly the lanes of `group` get here.
-            unsafe { free_class(g, &Among { warp, mask: group }, key, ptr) };
-        }
-        todo &= !group;
-    }
+    // Every key group at once, as in `malloc`.
+    let group = warp.match_any(active, key as u64);
+    // SAFETY: forwarded contract; exactly the lanes of `group` make this call.
+    unsafe { free_class(g, &Among { warp, mask: group }, key, ptr) }
 }
 
 /// Frees `ptr` for each lane of `warp` (all of key `key`).
