@@ -25,7 +25,7 @@ use std::ptr::NonNull;
 
 use self::lookup::SlabLookup;
 use self::stack::{chain_tail, Links, TaggedStack, NIL};
-use super::stream_order::{default_order, MARK_EVERY};
+use super::stream_order::default_order;
 use super::{align_up, check_request, MemoryResource, Properties, StreamOrder, DEFAULT_ALIGNMENT};
 use crate::error::{Error, Result};
 use crate::stream::{StreamId, StreamRef};
@@ -39,7 +39,7 @@ const GRAIN: usize = DEFAULT_ALIGNMENT;
 
 /// Frees per mark: loom models use 2, so that sealing races with stealing in a small model.
 #[cfg(not(carve_loom))]
-const FREES_PER_MARK: u32 = MARK_EVERY;
+const FREES_PER_MARK: u32 = super::stream_order::MARK_EVERY;
 #[cfg(carve_loom)]
 const FREES_PER_MARK: u32 = 2;
 
