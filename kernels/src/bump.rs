@@ -75,8 +75,8 @@ impl<'a> Bump<'a> {
     #[inline(always)]
     fn slot(&self, i: u32) -> &'a AtomicU64 {
         debug_assert!(i < self.h.nwords);
-        // SAFETY: `words` holds `nwords` slot atomics for 'a.
-        unsafe { &*(self.h.words as *const AtomicU64).add(i as usize) }
+        // SAFETY: `words` holds `nwords` slot atomics, `BUMP_SLOT_STRIDE` apart, for 'a.
+        unsafe { &*(self.h.words as *const AtomicU64).add(i as usize * BUMP_SLOT_STRIDE) }
     }
 
     #[inline(always)]

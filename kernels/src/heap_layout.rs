@@ -58,6 +58,10 @@ pub const fn slab_block_align(block_size: u64) -> u64 {
     }
 }
 
+/// Bump slots sit this many `u64`s apart, one 128-byte line each: the warps of every SM add to
+/// their SM's slot, and slots packed 16 to a line made sixteen SMs' atomics meet in one line.
+pub const BUMP_SLOT_STRIDE: usize = 16;
+
 /// Bump chunk tag meaning "this slot has no chunk yet" (the zeroed state).
 pub const CHUNK_NONE: u32 = 0;
 /// Bump chunk tag meaning "the arena could not give this slot another chunk".
@@ -246,7 +250,7 @@ pub fn bump_layout(capacity: u64, nslots: u32) -> Option<RegionLayout> {
     let shard_used = counters + COUNTERS_BYTES;
     let stats_end = shard_used + 8;
     let words = up(stats_end, 128);
-    let meta_end = words + 8 * nslots as usize;
+    let meta_end = words + 8 * BUMP_SLOT_STRIDE * nslots as usize;
     let data = up(meta_end, 256);
     let total = data.checked_add(usize::try_from(capacity).ok()?)?;
     (total <= isize::MAX as usize).then_some(RegionLayout {

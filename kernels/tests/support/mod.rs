@@ -64,7 +64,7 @@ impl HostHeap {
             used: atomics32(0),
             peak: atomics32(0),
             offset: atomics64(1),
-            words: atomics64(nslots as usize),
+            words: atomics64(nslots as usize * BUMP_SLOT_STRIDE),
             data,
         };
         *heap.handle = HeapHandle {
