@@ -309,25 +309,7 @@ impl DeviceHeap {
                 ))
             }
         };
-        self.stream.device().bind()?;
-        // Slab blocks are aligned to their size (up to 4 KiB), which not every resource can give
-        // (cuMemAlloc promises 256 B): reserve the slack and align the base inside the block.
-        let align = region_align(self.kind);
-        let raw_len =
-            region
-                .total
-                .checked_add(align - DEFAULT_ALIGNMENT)
-                .ok_or(Error::SizeOverflow {
-                    bytes: region.total,
-                    align,
-                })?;
-        let raw = self
-            .resource
-            .allocate(self.stream.as_ref(), raw_len, DEFAULT_ALIGNMENT)?;
-        let offset = (raw.as_ptr() as usize).next_multiple_of(align) - raw.as_ptr() as usize;
-        // The resource honoured DEFAULT_ALIGNMENT, so offset <= align - DEFAULT_ALIGNMENT and
-        // the region fits in the block.
-        let ptr = NonNull::new(raw.as_ptr().wrapping_add(offset)).unwrap_or(raw);
+        let (raw, raw_len, ptr) = self.reserve_region(region.total)?;
         let mut seg = Segment {
             ptr,
             raw,
@@ -356,27 +338,36 @@ impl DeviceHeap {
         Ok(())
     }
 
+    /// A block of the resource for a region of `total` bytes: (the block, its length, the
+    /// region's start inside it). Slab blocks are aligned to their size (up to 4 KiB), which not
+    /// every resource can give (cuMemAlloc promises 256 B): the block holds the slack and the
+    /// region starts aligned inside it.
+    fn reserve_region(&self, total: usize) -> Result<(NonNull<u8>, usize, NonNull<u8>)> {
+        self.stream.device().bind()?;
+        let align = region_align(self.kind);
+        let raw_len = total
+            .checked_add(align - DEFAULT_ALIGNMENT)
+            .ok_or(Error::SizeOverflow {
+                bytes: total,
+                align,
+            })?;
+        let raw = self
+            .resource
+            .allocate(self.stream.as_ref(), raw_len, DEFAULT_ALIGNMENT)?;
+        let offset = (raw.as_ptr() as usize).next_multiple_of(align) - raw.as_ptr() as usize;
+        // The resource honoured DEFAULT_ALIGNMENT, so offset <= align - DEFAULT_ALIGNMENT and
+        // the region fits in the block.
+        let ptr = NonNull::new(raw.as_ptr().wrapping_add(offset)).unwrap_or(raw);
+        Ok((raw, raw_len, ptr))
+    }
+
     /// Reserves and formats a general heap's one region: the header, then every class's slab
     /// segment at its stride.
     fn push_general(&mut self) -> Result<()> {
         let Some(plan) = self.general.as_deref().copied() else {
             return Err(Error::InvalidArgument("not a general heap".to_string()));
         };
-        self.stream.device().bind()?;
-        let align = region_align(self.kind);
-        let raw_len =
-            plan.total
-                .checked_add(align - DEFAULT_ALIGNMENT)
-                .ok_or(Error::SizeOverflow {
-                    bytes: plan.total,
-                    align,
-                })?;
-        let raw = self
-            .resource
-            .allocate(self.stream.as_ref(), raw_len, DEFAULT_ALIGNMENT)?;
-        let offset = (raw.as_ptr() as usize).next_multiple_of(align) - raw.as_ptr() as usize;
-        // The resource honoured DEFAULT_ALIGNMENT, so offset <= align - DEFAULT_ALIGNMENT.
-        let ptr = NonNull::new(raw.as_ptr().wrapping_add(offset)).unwrap_or(raw);
+        let (raw, raw_len, ptr) = self.reserve_region(plan.total)?;
         let base = ptr.as_ptr() as u64;
         let header = plan.header(base);
         let summary = HeapHandle {
@@ -418,20 +409,11 @@ impl DeviceHeap {
             return Ok(());
         };
         let base = self.segments[0].ptr.as_ptr() as u64;
-        self.stream.device().bind()?;
         for (c, k) in plan.classes.iter().enumerate() {
             let start = base + (plan.class_offset(c) + k.layout.counters) as u64;
             // SAFETY: [counters, meta_end) of class `c`'s segment lies inside the region, which
             // we own.
-            unsafe {
-                result::memset_d8_async(
-                    start,
-                    0,
-                    k.layout.meta_end - k.layout.counters,
-                    self.stream.as_ref().as_raw(),
-                )
-            }
-            .map_err(|e| Error::driver("cuMemsetD8Async", e))?;
+            unsafe { self.zero(start, k.layout.meta_end - k.layout.counters) }?;
         }
         Ok(())
     }
@@ -449,17 +431,25 @@ impl DeviceHeap {
 
     fn memset_meta(&self, seg: &Segment) -> Result<()> {
         let start = seg.layout.counters;
-        self.stream.device().bind()?;
         // SAFETY: [counters, meta_end) lies inside the segment's region, which we own.
         unsafe {
-            result::memset_d8_async(
+            self.zero(
                 seg.ptr.as_ptr() as u64 + start as u64,
-                0,
                 seg.layout.meta_end - start,
-                self.stream.as_ref().as_raw(),
             )
         }
-        .map_err(|e| Error::driver("cuMemsetD8Async", e))
+    }
+
+    /// Zeroes `len` bytes at device address `at`, in stream order.
+    ///
+    /// # Safety
+    /// `[at, at + len)` lies in device memory we own and nothing else uses before the stream
+    /// reaches it.
+    unsafe fn zero(&self, at: u64, len: usize) -> Result<()> {
+        self.stream.device().bind()?;
+        // SAFETY: the caller's contract.
+        unsafe { result::memset_d8_async(at, 0, len, self.stream.as_ref().as_raw()) }
+            .map_err(|e| Error::driver("cuMemsetD8Async", e))
     }
 
     fn copy_out(&self, ptr: NonNull<u8>, dst: &mut [u8]) -> Result<()> {
