@@ -561,6 +561,26 @@ pub unsafe extern "ptx-kernel" fn carve_bench_general_malloc(
     }
 }
 
+/// Benchmark: thread `i < n` allocates `bytes` (one size for every thread) from the general
+/// heap at `heap` into `out[i]`, writing nothing into the block.
+///
+/// # Safety
+/// As for [`carve_malloc`]; `out` holds `n` `u64`s.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn carve_bench_general_malloc_one(
+    heap: *const GeneralHeader,
+    out: *mut u64,
+    n: u64,
+    bytes: u64,
+) {
+    if let Some(i) = tid(n) {
+        // SAFETY: forwarded contract.
+        let p = unsafe { carve_malloc(heap, bytes) };
+        // SAFETY: i < n.
+        unsafe { out.add(i).write(p as u64) };
+    }
+}
+
 /// Benchmark form of [`carve_free`]: thread `i < n` frees `ptrs[i]` (0 is ignored).
 ///
 /// # Safety

@@ -86,6 +86,11 @@ impl<'a> HeapKernels<'a> {
         general_malloc_bench => "carve_bench_general_malloc"(heap: u64, out: u64, n: u64, max: u64, seed: u32)
     );
     launcher!(
+        /// Benchmark: thread `i < n` allocates `bytes` (the same for every thread) from the
+        /// general heap at `heap` into `out[i]`, writing nothing into the block.
+        general_malloc_one_bench => "carve_bench_general_malloc_one"(heap: u64, out: u64, n: u64, bytes: u64)
+    );
+    launcher!(
         /// Benchmark: thread `i < n` frees `ptrs[i]` into the general heap at `heap`.
         general_free_bench => "carve_bench_general_free"(heap: u64, ptrs: u64, n: u64)
     );
