@@ -13,15 +13,20 @@
 //! - **Other processes** (Numba, CuPy) format heaps in their own memory with
 //!   [`ForeignHeapPlan`], or `carve heap-layout` from the command line.
 //! - **Growth** appends a segment and links it from the last one's `next`; blocks already handed
-//!   out never move.
+//!   out never move. [`DeviceHeap::growable`] heaps reserve address space for their maximum once
+//!   and map memory as they grow ([`DeviceHeap::ensure_free`], [`DeviceHeap::after_launch`]);
+//!   [`DeviceHeap::trim`] unlinks empty segments. See the `growth` module's model: the chain
+//!   changes only between launches, the heap pointer is fixed, addresses never move.
 
 #[cfg(feature = "cli")]
 pub mod cli;
 mod foreign;
+mod growth;
 mod launch;
 mod stats;
 
 pub use foreign::ForeignHeapPlan;
+pub use growth::{GrowOptions, GrowthPolicy, GrowthReport, TrimReport};
 pub use launch::HeapKernels;
 pub use stats::HeapStats;
 
@@ -30,6 +35,7 @@ use std::ptr::NonNull;
 use carve_kernels::heap_layout::{self as layout, GeneralPlan, HeapHandle, RegionLayout};
 use cudarc::driver::{result, sys};
 
+use self::growth::Growth;
 use crate::driver::Stream;
 use crate::error::{Error, Result};
 use crate::resource::{MemoryResource, SharedResource, DEFAULT_ALIGNMENT};
@@ -77,6 +83,8 @@ pub struct DeviceHeap {
     segments: Vec<Segment>,
     /// A general heap's plan (its one segment holds the header and every class).
     general: Option<Box<GeneralPlan>>,
+    /// Bound, policy and virtual range of growth; counters of trimmed segments.
+    growth: Growth,
 }
 
 // SAFETY: the heap owns its regions; the host touches them only through stream-ordered driver
@@ -130,6 +138,7 @@ impl DeviceHeap {
             stream: stream.clone(),
             segments: Vec::new(),
             general: None,
+            growth: Growth::plain(),
         };
         heap.check_resource()?;
         heap.push_segment(capacity)?;
@@ -145,6 +154,7 @@ impl DeviceHeap {
             stream: stream.clone(),
             segments: Vec::new(),
             general: None,
+            growth: Growth::plain(),
         };
         heap.check_resource()?;
         heap.push_segment(capacity)?;
@@ -174,6 +184,7 @@ impl DeviceHeap {
             stream: stream.clone(),
             segments: Vec::new(),
             general: Some(Box::new(plan)),
+            growth: Growth::plain(),
         };
         heap.check_resource()?;
         heap.push_general()?;
@@ -262,18 +273,26 @@ impl DeviceHeap {
             }
             return Ok(total);
         }
-        let mut total = HeapStats::empty(self.kind);
+        let mut total = self
+            .growth
+            .retired()
+            .unwrap_or_else(|| HeapStats::empty(self.kind));
         for seg in &self.segments {
-            let mut prefix = vec![0u8; seg.layout.stats_end];
-            self.copy_out(seg.ptr, &mut prefix)?;
-            total.add(&HeapStats::parse(
-                self.kind,
-                &seg.handle,
-                &seg.layout,
-                &prefix,
-            ));
+            total.add(&self.segment_stat(seg)?);
         }
         Ok(total)
+    }
+
+    /// One segment's statistics (one copy).
+    fn segment_stat(&self, seg: &Segment) -> Result<HeapStats> {
+        let mut prefix = vec![0u8; seg.layout.stats_end];
+        self.copy_out(seg.ptr, &mut prefix)?;
+        Ok(HeapStats::parse(
+            self.kind,
+            &seg.handle,
+            &seg.layout,
+            &prefix,
+        ))
     }
 
     /// Forgets every allocation: the bump arena starts over, a slab is empty again. Statistics
@@ -283,6 +302,7 @@ impl DeviceHeap {
             self.memset_meta(seg)?;
         }
         self.memset_classes()?;
+        self.growth.reset();
         self.stream.synchronize()
     }
 
@@ -309,6 +329,7 @@ impl DeviceHeap {
                 ))
             }
         };
+        self.check_budget(raw_len_of(region.total, self.kind)?)?;
         let (raw, raw_len, ptr) = self.reserve_region(region.total)?;
         let mut seg = Segment {
             ptr,
@@ -345,12 +366,7 @@ impl DeviceHeap {
     fn reserve_region(&self, total: usize) -> Result<(NonNull<u8>, usize, NonNull<u8>)> {
         self.stream.device().bind()?;
         let align = region_align(self.kind);
-        let raw_len = total
-            .checked_add(align - DEFAULT_ALIGNMENT)
-            .ok_or(Error::SizeOverflow {
-                bytes: total,
-                align,
-            })?;
+        let raw_len = raw_len_of(total, self.kind)?;
         let raw = self
             .resource
             .allocate(self.stream.as_ref(), raw_len, DEFAULT_ALIGNMENT)?;
@@ -504,6 +520,17 @@ fn region_align(kind: HeapKind) -> usize {
         // Class segments start at multiples of 4096 from the base: blocks keep their alignment.
         HeapKind::General { .. } => (layout::MAX_BLOCK_ALIGN as usize).max(DEFAULT_ALIGNMENT),
     }
+}
+
+/// The resource block a region of `total` bytes takes: room to align its start.
+fn raw_len_of(total: usize, kind: HeapKind) -> Result<usize> {
+    let align = region_align(kind);
+    total
+        .checked_add(align - DEFAULT_ALIGNMENT)
+        .ok_or(Error::SizeOverflow {
+            bytes: total,
+            align,
+        })
 }
 
 /// A general heap's plan, or a clear error for 0 or too many bytes per class.
