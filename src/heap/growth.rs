@@ -1,23 +1,8 @@
 //! Heaps that grow between launches: [`DeviceHeap::growable`], [`DeviceHeap::ensure_free`],
-//! [`DeviceHeap::after_launch`] (a [`GrowthPolicy`]) and [`DeviceHeap::trim`].
-//!
-//! The model:
-//! - A heap is a chain of segments. Kernels get the first segment's address
-//!   ([`DeviceHeap::device_ptr`]), which is fixed for the heap's life, and walk `next` to the
-//!   later segments when the earlier ones are full.
-//! - The host changes the chain only **between launches** (every method here takes `&mut self`
-//!   and must not run while a kernel uses the heap): it appends a segment and links it from the
-//!   last one's `next`, or unlinks a segment that holds no allocation.
-//! - **Addresses never move.** A segment stays where it was placed until [`DeviceHeap::trim`]
-//!   unlinks it, and trim takes only segments with nothing allocated. A growable heap's
-//!   segments come from a private [`VirtualMemoryResource`] that reserves address space for the
-//!   heap's maximum once and maps physical chunks as segments are added, and unmaps them on trim.
-//! - A heap over a plain resource ([`DeviceHeap::slab`], [`DeviceHeap::bump`]) grows the same
-//!   way from that resource, with no maximum but the resource's own, and its trim returns the
-//!   segments to it.
-//!
-//! Segment sizes double (each new segment holds at least the capacity of all earlier ones), so
-//! a chain stays short: a heap that grew from `c` to `n × c` has about `log2(n) + 1` segments.
+//! [`DeviceHeap::after_launch`] (a [`GrowthPolicy`]) and [`DeviceHeap::trim`]. The model is in
+//! the `heap` module's documentation ("Growth"). The planning (segment sizes, the policy's need,
+//! which segments trim unlinks and how the chain is relinked) is pure functions, tested without
+//! a GPU.
 
 use std::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};

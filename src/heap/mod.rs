@@ -13,10 +13,29 @@
 //! - **Other processes** (Numba, CuPy) format heaps in their own memory with
 //!   [`ForeignHeapPlan`], or `carve heap-layout` from the command line.
 //! - **Growth** appends a segment and links it from the last one's `next`; blocks already handed
-//!   out never move. [`DeviceHeap::growable`] heaps reserve address space for their maximum once
-//!   and map memory as they grow ([`DeviceHeap::ensure_free`], [`DeviceHeap::after_launch`]);
-//!   [`DeviceHeap::trim`] unlinks empty segments. See the `growth` module's model: the chain
-//!   changes only between launches, the heap pointer is fixed, addresses never move.
+//!   out never move (see below).
+//!
+//! # Growth
+//!
+//! - A heap is a chain of segments. Kernels get the first segment's address
+//!   ([`DeviceHeap::device_ptr`]), which is fixed for the heap's life, and walk `next` to the
+//!   later segments when the earlier ones are full.
+//! - The host changes the chain only **between launches** (the methods take `&mut self` and must
+//!   not run while a kernel uses the heap): it appends a segment and links it from the last one's
+//!   `next` ([`DeviceHeap::grow`], [`DeviceHeap::ensure_free`], [`DeviceHeap::after_launch`]
+//!   with a [`GrowthPolicy`]), or unlinks segments that hold no allocation
+//!   ([`DeviceHeap::trim`]).
+//! - **Addresses never move.** A segment stays where it was placed until trim unlinks it, and
+//!   trim takes only segments with nothing allocated, never the first.
+//! - A [`DeviceHeap::growable`] heap's segments come from a private
+//!   [`VirtualMemoryResource`](crate::VirtualMemoryResource) that reserves address space for the
+//!   heap's maximum once, maps physical chunks as segments are added, and unmaps them on trim.
+//!   Growth past the maximum is an [`Error::OutOfMemory`].
+//! - A heap over a plain resource ([`DeviceHeap::slab`], [`DeviceHeap::bump`]) grows the same
+//!   way from that resource, bounded only by it, and trim gives segments back to it.
+//! - Segment sizes double (each new segment holds at least the capacity of all earlier ones), so
+//!   a heap that grew from `c` to `n × c` has about `log2(n) + 1` segments.
+//! - General heaps ([`DeviceHeap::general`]) do not grow yet.
 
 #[cfg(feature = "cli")]
 pub mod cli;
