@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use carve_kernels::heap_layout::{self as layout, HeapHandle};
 
+use super::general_growth::GeneralGrowth;
 use super::{bump_plan, copy_in, raw_len_of, slab_plan, DeviceHeap, HeapKind, HeapStats};
 use crate::driver::Stream;
 use crate::error::{Error, Result};
@@ -132,12 +133,14 @@ impl<B: PhysicalBacking> Mapped for VirtualMemoryResource<B> {
 /// A heap's growth state.
 #[derive(Debug)]
 pub(super) struct Growth {
-    policy: GrowthPolicy,
+    pub(super) policy: GrowthPolicy,
     /// Bound on the device bytes of all segments; `None`: the resource's own.
-    max_bytes: Option<usize>,
+    pub(super) max_bytes: Option<usize>,
     /// Segments take whole chunks of this many bytes (1 over a plain resource).
-    chunk: usize,
+    pub(super) chunk: usize,
     vmm: Option<Box<dyn Mapped>>,
+    /// A growable general heap's mapped range and class chains.
+    pub(super) general: Option<Box<GeneralGrowth>>,
     /// Behind a lock because [`DeviceHeap::reset`] (`&self`) restarts them.
     seen: Mutex<Seen>,
 }
@@ -149,6 +152,9 @@ struct Seen {
     failed: u64,
     /// Counters and peaks of segments trim removed (capacity and use 0).
     retired: Option<HeapStats>,
+    /// Per class of a growable general heap, the failed allocations the last
+    /// [`DeviceHeap::after_launch`] saw.
+    class_failed: Vec<u64>,
 }
 
 impl Growth {
@@ -159,8 +165,25 @@ impl Growth {
             max_bytes: None,
             chunk: 1,
             vmm: None,
+            general: None,
             seen: Mutex::default(),
         }
+    }
+
+    /// New failures of class `c` since the last call (remembering the count).
+    pub(super) fn class_failures(&self, c: usize, failed: u64) -> u64 {
+        let mut seen = self.seen();
+        if seen.class_failed.len() <= c {
+            seen.class_failed.resize(c + 1, 0);
+        }
+        let new = failed.saturating_sub(seen.class_failed[c]);
+        seen.class_failed[c] = failed;
+        new
+    }
+
+    /// Replaces the counters of removed segments.
+    pub(super) fn set_retired(&self, retired: HeapStats) {
+        self.seen().retired = Some(retired);
     }
 
     fn seen(&self) -> MutexGuard<'_, Seen> {
@@ -190,8 +213,21 @@ impl DeviceHeap {
     /// physical chunks as segments are added ([`ensure_free`](Self::ensure_free),
     /// [`after_launch`](Self::after_launch), [`grow`](Self::grow)) and unmaps them on
     /// [`trim`](Self::trim). Addresses never move. A slab's frees are checked, as for
-    /// [`DeviceHeap::slab`]. General heaps do not grow yet ([`Error::Unsupported`]).
+    /// [`DeviceHeap::slab`].
+    ///
+    /// A [`HeapKind::General`] heap grows class by class
+    /// ([`ensure_free_class`](Self::ensure_free_class), or the policy applied to each class): it
+    /// reserves one chunk and, per size class, a stride of address space as large as
+    /// `max_bytes` (rounded up to a power of two; address space only, 44 classes × stride in
+    /// all), maps one chunk for its header and `bytes_per_class` (rounded up to a power of two,
+    /// at least one chunk) for each class's first segment, and grows a class by mapping a slab
+    /// segment inside its stride, so that the kernels' `(ptr - base) >> stride_log2` still finds
+    /// the class. `options.initial` is ignored for it; its [`HeapKind`] reports the first
+    /// segment's bytes per class.
     pub fn growable(kind: HeapKind, stream: &Stream, options: GrowOptions) -> Result<Self> {
+        if let HeapKind::General { bytes_per_class } = kind {
+            return Self::growable_general(bytes_per_class, stream, options);
+        }
         check_options(kind, &options)?;
         let mut virt = VirtualOptions::new().maximum(options.max_bytes);
         if let Some(c) = options.chunk_size {
@@ -224,13 +260,14 @@ impl DeviceHeap {
             max_bytes: Some(options.max_bytes),
             chunk,
             vmm: Some(Box::new(vmm.clone())),
+            general: None,
             seen: Mutex::default(),
         };
         let resource: SharedResource = std::sync::Arc::new(vmm);
         let mut heap = DeviceHeap {
             kind,
             flags,
-            resource,
+            resource: Some(resource),
             stream: stream.clone(),
             segments: Vec::new(),
             general: None,
@@ -254,7 +291,8 @@ impl DeviceHeap {
     /// request larger than the last segment's room may still fail). Reads the statistics
     /// first; adds nothing when enough is free. Errors: [`Error::ZeroSize`] for 0,
     /// [`Error::OutOfMemory`] when the maximum (or the resource) cannot hold it — segments
-    /// added before a failure stay — and [`Error::Unsupported`] for a general heap.
+    /// added before a failure stay — and [`Error::Unsupported`] for a general heap (see
+    /// [`ensure_free_class`](Self::ensure_free_class)).
     pub fn ensure_free(&mut self, bytes: u64) -> Result<GrowthReport> {
         let started = Instant::now();
         self.check_growable()?;
@@ -266,10 +304,14 @@ impl DeviceHeap {
 
     /// Applies the heap's [`GrowthPolicy`] between launches: reads the statistics and grows when
     /// the fill is above the watermark (or, for a slab, when allocations failed since the last
-    /// call). Returns what it did ([`GrowthReport::segments_added`] 0: nothing).
+    /// call). A growable general heap applies it to each size class on its own (class fill and
+    /// class failures). Returns what it did ([`GrowthReport::segments_added`] 0: nothing).
+    /// [`Error::Unsupported`] for a general heap that does not grow.
     pub fn after_launch(&mut self) -> Result<GrowthReport> {
         let started = Instant::now();
-        self.check_growable()?;
+        if self.general.is_some() {
+            return self.after_launch_general(started);
+        }
         let s = self.stats()?;
         let failures = {
             let mut seen = self.growth.seen();
@@ -301,8 +343,11 @@ impl DeviceHeap {
     }
 
     /// Device bytes the segments take now (metadata, alignment slack and chunk rounding
-    /// included).
+    /// included; a growable general heap: the bytes it maps).
     pub fn device_bytes(&self) -> usize {
+        if let Some(mapped) = self.general_mapped() {
+            return mapped;
+        }
         self.segments
             .iter()
             .map(|s| self.growth.footprint(s.raw_len))
@@ -338,10 +383,14 @@ impl DeviceHeap {
     /// no block in use; bump: nothing allocated since the last [`reset`](Self::reset)) and gives
     /// its memory back; a growable heap then unmaps the chunks left free. Addresses of live
     /// blocks never change. The removed segments' failure and double-free counts and peaks stay
-    /// in [`stats`](Self::stats). [`Error::Unsupported`] for a general heap.
+    /// in [`stats`](Self::stats). A growable general heap removes, per class, the empty segments
+    /// at the end of the class's chain and unmaps them; [`Error::Unsupported`] for a general heap
+    /// that does not grow.
     pub fn trim(&mut self) -> Result<TrimReport> {
         let started = Instant::now();
-        self.check_growable()?;
+        if self.general.is_some() {
+            return self.trim_general(started);
+        }
         let per = self.segment_stats()?;
         let in_use: Vec<u64> = per.iter().map(|s| s.in_use).collect();
         let remove = trim_plan(&in_use);
@@ -349,17 +398,16 @@ impl DeviceHeap {
         if !remove.is_empty() {
             let ptrs = self.segment_ptrs();
             let links = relink(&ptrs, &remove);
-            let mut values = Vec::with_capacity(links.len());
-            for &(i, next) in &links {
-                self.segments[i].handle.next = next;
-                values.push([next]);
-            }
+            let values: Vec<[u64; 1]> = links.iter().map(|&(_, next)| [next]).collect();
             for (&(i, _), v) in links.iter().zip(&values) {
                 let at = next_field(self.segments[i].ptr.as_ptr() as u64);
                 copy_in(&self.stream, at, bytemuck::bytes_of(v))?;
             }
             // The new links live in `values`: wait before they go, and before the memory does.
             self.stream.synchronize()?;
+            for &(i, next) in &links {
+                self.segments[i].handle.next = next;
+            }
             let mut retired = self
                 .growth
                 .retired()
@@ -375,7 +423,7 @@ impl DeviceHeap {
                 // SAFETY: the region came from this resource with these arguments, once; it is
                 // unlinked (the stream reached the new links) and holds no allocation.
                 let r = unsafe {
-                    self.resource.deallocate(
+                    self.resource()?.deallocate(
                         self.stream.as_ref(),
                         seg.raw,
                         seg.raw_len,
@@ -384,7 +432,7 @@ impl DeviceHeap {
                 };
                 crate::deferred::record("DeviceHeap trim: returning a segment", r);
             }
-            self.growth.seen().retired = Some(retired);
+            self.growth.set_retired(retired);
         }
         if let Some(vmm) = &self.growth.vmm {
             report.bytes_unmapped = vmm.trim()?;
@@ -396,7 +444,7 @@ impl DeviceHeap {
     fn check_growable(&self) -> Result<()> {
         if self.general.is_some() {
             return Err(Error::Unsupported(
-                "a general heap does not grow yet".to_string(),
+                "a general heap grows class by class: ensure_free_class".to_string(),
             ));
         }
         Ok(())
@@ -447,7 +495,7 @@ impl DeviceHeap {
     }
 }
 
-fn check_options(kind: HeapKind, o: &GrowOptions) -> Result<()> {
+pub(super) fn check_options(kind: HeapKind, o: &GrowOptions) -> Result<()> {
     if matches!(kind, HeapKind::General { .. }) {
         return Err(Error::Unsupported(
             "a general heap does not grow yet".to_string(),
@@ -460,11 +508,11 @@ fn check_options(kind: HeapKind, o: &GrowOptions) -> Result<()> {
 }
 
 /// Device address of a segment handle's `next`, for the segment at `base`.
-fn next_field(base: u64) -> u64 {
+pub(super) fn next_field(base: u64) -> u64 {
     base + std::mem::offset_of!(HeapHandle, next) as u64
 }
 
-fn fill(s: &HeapStats) -> f64 {
+pub(super) fn fill(s: &HeapStats) -> f64 {
     if s.capacity == 0 {
         return 1.0;
     }
@@ -488,7 +536,7 @@ fn units_for_bytes(kind: HeapKind, bytes: u64) -> Result<u64> {
 /// Capacity the policy adds after a launch that left `s`, with `failures` failed block
 /// requests (slab; 0 for bump, whose failures include refused requests): enough that the fill,
 /// counting the failed requests as wanted, is at most the watermark again.
-fn policy_need(p: &GrowthPolicy, s: &HeapStats, failures: u64) -> u64 {
+pub(super) fn policy_need(p: &GrowthPolicy, s: &HeapStats, failures: u64) -> u64 {
     let demand = s.in_use.saturating_add(failures);
     if failures == 0 && (demand as f64) <= p.watermark * s.capacity as f64 {
         return 0;
@@ -500,12 +548,12 @@ fn policy_need(p: &GrowthPolicy, s: &HeapStats, failures: u64) -> u64 {
 
 /// The capacity of the next segment when the heap holds `total` and needs `need` more: at least
 /// `need`, `step`, and `total` (doubling, so chains stay short).
-fn segment_capacity(total: u64, need: u64, step: u64) -> u64 {
+pub(super) fn segment_capacity(total: u64, need: u64, step: u64) -> u64 {
     need.max(step).max(total)
 }
 
 /// Bytes of the resource block a segment of `capacity` takes (alignment slack included).
-fn raw_bytes(kind: HeapKind, flags: u32, capacity: u64) -> Result<usize> {
+pub(super) fn raw_bytes(kind: HeapKind, flags: u32, capacity: u64) -> Result<usize> {
     let total = match kind {
         HeapKind::Slab { block_size } => slab_plan(capacity, block_size, flags)?.1.total,
         HeapKind::Bump => bump_plan(capacity)?.1.total,
@@ -541,7 +589,7 @@ fn fit_capacity(kind: HeapKind, flags: u32, at_least: u64, bytes: usize) -> u64 
 /// The capacity of a new segment: `want` (or, if that passes `room` bytes, as much as fits and
 /// at least `need`), rounded up to fill its chunks. [`Error::OutOfMemory`] when `need` does not
 /// fit.
-fn plan_segment(
+pub(super) fn plan_segment(
     kind: HeapKind,
     flags: u32,
     want: u64,
