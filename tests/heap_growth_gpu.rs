@@ -356,3 +356,174 @@ fn a_heap_over_a_plain_resource_grows_and_trims_too() {
     unsafe { k.slab_free(4096, first, p.as_ptr(), 4096) }.unwrap();
     assert_eq!(heap.stats().unwrap().in_use, 0);
 }
+
+/// Launches `n` requests of 16 bytes (class 0) on the general heap into `out`.
+fn malloc16(k: &HeapKernels<'_>, heap: &DeviceHeap, out: &DeviceVec<u64>, n: u64) {
+    // SAFETY: out holds at least n u64s; the heap is a live general heap.
+    unsafe { k.general_malloc_bench(n, heap.device_ptr(), out.as_ptr(), n, 16, 7) }.unwrap();
+}
+
+#[test]
+fn general_classes_grow_inside_their_strides() {
+    let dev = carve::require_gpu!();
+    let stream = dev.new_stream().unwrap();
+    let kind = HeapKind::General { bytes_per_class: 1 };
+    let mut heap = DeviceHeap::growable(kind, &stream, GrowOptions::new(512 * MIB, 1)).unwrap();
+    let k = HeapKernels::new(&stream);
+    let classes = heap.class_stats().unwrap();
+    let nclasses = classes.len();
+    let c0 = classes[0].capacity;
+    let mapped0 = heap.device_bytes();
+    let ends: Vec<u64> = (1..nclasses)
+        .map(|c| heap.class_segment_ptrs(c)[0])
+        .collect();
+    let class1 = ends[0];
+    let first0 = heap.class_segment_ptrs(0)[0];
+    assert!(
+        ends.windows(2).all(|w| w[1] - w[0] == class1 - first0),
+        "classes sit at equal strides"
+    );
+
+    // Launch 1 fills class 0 exactly; launch 2 finds it full.
+    let p = ptrs(&stream, &dev, c0);
+    malloc16(&k, &heap, &p, c0);
+    let p_host = live(&p);
+    assert_eq!(p_host.len() as u64, c0);
+    // SAFETY: 16-byte blocks owned by their threads.
+    unsafe { k.pattern_fill(c0, p.as_ptr(), c0, 16) }.unwrap();
+    let q = ptrs(&stream, &dev, c0);
+    malloc16(&k, &heap, &q, c0);
+    assert!(live(&q).is_empty(), "a full class served a block");
+    let s = heap.class_stats().unwrap()[0];
+    assert_eq!((s.in_use, s.failed_allocs), (c0, c0), "{s:?}");
+
+    // The policy grows class 0 only, inside its stride.
+    let r = heap.after_launch().unwrap();
+    eprintln!("general growth: {r:?}");
+    assert!(r.segments_added >= 1 && r.capacity_added >= c0, "{r:?}");
+    assert_eq!(heap.device_bytes(), mapped0 + r.bytes_added);
+    for c in 1..nclasses {
+        assert_eq!(heap.class_segment_ptrs(c).len(), 1, "class {c} grew");
+    }
+    let segs = heap.class_segment_ptrs(0);
+    assert!(segs.len() >= 2);
+    assert!(segs.iter().all(|&a| (first0..class1).contains(&a)));
+
+    // Launch 3 succeeds from the new segment; earlier blocks keep addresses and contents.
+    malloc16(&k, &heap, &q, c0);
+    let q_host = live(&q);
+    assert_eq!(
+        q_host.len() as u64,
+        c0,
+        "the grown class serves every thread"
+    );
+    assert!(q_host.iter().all(|&a| (segs[1]..class1).contains(&a)));
+    let mut all = p_host.clone();
+    all.extend(&q_host);
+    assert_disjoint(all, 16, "general class 0 after growth");
+    // SAFETY: as above.
+    unsafe { k.pattern_fill(c0, q.as_ptr(), c0, 16) }.unwrap();
+    assert_eq!(live(&p), p_host);
+    assert_eq!(bad_count(&k, &p, c0, 16), 0, "earlier contents intact");
+    assert_eq!(bad_count(&k, &q, c0, 16), 0);
+    let s = heap.class_stats().unwrap()[0];
+    assert_eq!((s.in_use, s.failed_allocs), (2 * c0, c0), "{s:?}");
+    let total = heap.stats().unwrap();
+    assert_eq!(total.capacity, heap.capacity());
+    assert_eq!(total.in_use, 2 * c0);
+
+    // carve_free finds blocks of the later segment through the class's chain.
+    // SAFETY: frees each block of q once.
+    unsafe { k.general_free_bench(c0, heap.device_ptr(), q.as_ptr(), c0) }.unwrap();
+    let s = heap.stats().unwrap();
+    assert_eq!(
+        (s.in_use, s.double_frees, s.foreign_frees),
+        (c0, 0, 0),
+        "{s:?}"
+    );
+
+    // ensure_free_class and its errors.
+    let before = heap.class_segment_ptrs(3).len();
+    let r = heap.ensure_free_class(3, 64 << 20).unwrap();
+    assert!(r.segments_added >= 1);
+    assert!(heap.class_segment_ptrs(3).len() > before);
+    let s = heap.class_stats().unwrap()[3];
+    assert!((s.capacity - s.in_use) * 64 >= 64 << 20, "{s:?}");
+    assert!(matches!(heap.ensure_free_class(3, 0), Err(Error::ZeroSize)));
+    assert!(matches!(
+        heap.ensure_free_class(nclasses, 16),
+        Err(Error::InvalidArgument(_))
+    ));
+    let e = heap.ensure_free_class(0, 1 << 40).unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
+    assert!(matches!(heap.ensure_free(16), Err(Error::Unsupported(_))));
+
+    // Trim: class 0's empty tail and class 3's new segments go; the mapping shrinks back.
+    let t = heap.trim().unwrap();
+    eprintln!("general trim: {t:?}");
+    assert_eq!(heap.class_segment_ptrs(0).len(), 1);
+    assert_eq!(heap.class_segment_ptrs(3).len(), 1);
+    assert_eq!(heap.device_bytes(), mapped0);
+    assert_eq!(t.bytes_unmapped, t.bytes_returned);
+    assert_eq!(bad_count(&k, &p, c0, 16), 0, "trim kept live blocks");
+    // SAFETY: frees each block of p once.
+    unsafe { k.general_free_bench(c0, heap.device_ptr(), p.as_ptr(), c0) }.unwrap();
+    let s = heap.stats().unwrap();
+    assert_eq!(
+        (s.in_use, s.failed_allocs, s.foreign_frees),
+        (0, c0, 0),
+        "{s:?}"
+    );
+
+    // Still works after trim: mixed sizes over every class, with growth by the policy.
+    let n = 1u64 << 16;
+    let m = ptrs(&stream, &dev, n);
+    let bad = DeviceVec::<u32>::zeroed(1, &stream, cuda(&dev)).unwrap();
+    let mut failed_rounds = 0;
+    for round in 0..4 {
+        // SAFETY: m holds n u64s.
+        unsafe { k.general_malloc(n, heap.device_ptr(), m.as_ptr(), n, 5) }.unwrap();
+        let got = live(&m).len() as u64;
+        let r = heap.after_launch().unwrap();
+        eprintln!("mixed round {round}: {got} of {n} served; {r:?}");
+        // SAFETY: m holds what general_malloc wrote with this seed (0 where it failed).
+        unsafe { k.general_check_free(n, heap.device_ptr(), m.as_ptr(), n, 5, bad.as_ptr()) }
+            .unwrap();
+        if got == n {
+            break;
+        }
+        failed_rounds += 1;
+    }
+    assert!(failed_rounds < 4, "the policy never caught up");
+    assert_eq!(bad.to_vec().unwrap()[0], 0, "a pattern was overwritten");
+    let s = heap.stats().unwrap();
+    assert_eq!(
+        (s.in_use, s.double_frees, s.foreign_frees),
+        (0, 0, 0),
+        "{s:?}"
+    );
+}
+
+#[test]
+fn a_general_heap_that_does_not_grow_says_so() {
+    let dev = carve::require_gpu!();
+    let stream = dev.new_stream().unwrap();
+    let mut heap = DeviceHeap::general(cuda(&dev), &stream, 1 << 17).unwrap();
+    assert!(matches!(
+        heap.ensure_free_class(0, 16),
+        Err(Error::Unsupported(_))
+    ));
+    assert!(matches!(heap.after_launch(), Err(Error::Unsupported(_))));
+    assert!(matches!(heap.trim(), Err(Error::Unsupported(_))));
+    assert!(matches!(heap.ensure_free(16), Err(Error::Unsupported(_))));
+    assert_eq!(heap.class_segment_ptrs(0).len(), 1);
+    // A maximum too small for the header chunk and every class's first segment.
+    assert!(matches!(
+        DeviceHeap::growable(
+            HeapKind::General { bytes_per_class: 1 },
+            &stream,
+            GrowOptions::new(16 * MIB, 1)
+        ),
+        Err(Error::OutOfMemory { .. })
+    ));
+}

@@ -227,6 +227,7 @@ impl DeviceHeap {
     /// The policy over every class of a growable general heap (see
     /// [`after_launch`](Self::after_launch)).
     pub(super) fn after_launch_general(&mut self, started: Instant) -> Result<GrowthReport> {
+        self.general_growth()?;
         let per = self.class_stats()?;
         let total = per.iter().fold(HeapStats::empty(self.kind), |mut t, s| {
             t.add(s);
