@@ -60,6 +60,7 @@ fn slab_grows_by_policy_keeps_blocks_and_trims() {
     let cap0 = heap.capacity();
     assert!(cap0 >= 1000, "the first segment fills its chunk: {cap0}");
     assert_eq!(heap.segment_ptrs(), vec![first]);
+    heap.check_invariants().unwrap();
     let chunk = heap.virtual_stats().unwrap().chunk_size;
     assert_eq!(heap.device_bytes(), heap.virtual_stats().unwrap().mapped);
     assert_eq!(heap.device_bytes() % chunk, 0);
@@ -84,6 +85,7 @@ fn slab_grows_by_policy_keeps_blocks_and_trims() {
     // The policy reads the fill and the failures and grows.
     let r = heap.after_launch().unwrap();
     eprintln!("growth: {r:?}");
+    heap.check_invariants().unwrap();
     assert!(r.segments_added >= 1, "{r:?}");
     assert!(
         r.capacity_added >= cap0,
@@ -130,6 +132,7 @@ fn slab_grows_by_policy_keeps_blocks_and_trims() {
     // ensure_free: ask for room for 3 × cap0 more blocks.
     let want = 3 * cap0 * BLOCK;
     let r = heap.ensure_free(want).unwrap();
+    heap.check_invariants().unwrap();
     let s = heap.stats().unwrap();
     assert!(s.capacity - s.in_use >= 3 * cap0, "{s:?} after {r:?}");
     assert_eq!(
@@ -142,6 +145,7 @@ fn slab_grows_by_policy_keeps_blocks_and_trims() {
     let before = heap.segment_ptrs();
     let t = heap.trim().unwrap();
     eprintln!("trim (busy): {t:?}");
+    heap.check_invariants().unwrap();
     let after = heap.segment_ptrs();
     assert_eq!(after.len(), before.len() - t.segments_removed);
     assert!(after.iter().all(|a| before.contains(a)));
@@ -158,6 +162,7 @@ fn slab_grows_by_policy_keeps_blocks_and_trims() {
     let mapped_before = heap.virtual_stats().unwrap().mapped;
     let t = heap.trim().unwrap();
     eprintln!("trim (empty): {t:?}");
+    heap.check_invariants().unwrap();
     assert_eq!(heap.segment_ptrs(), vec![first]);
     assert_eq!(heap.capacity(), cap0);
     let v = heap.virtual_stats().unwrap();
@@ -278,6 +283,7 @@ fn bump_grows_on_request_and_trims_after_reset() {
     // Room for every request twice over (chunk tails included), then the launch succeeds.
     let r = heap.ensure_free(2 * n * bytes).unwrap();
     eprintln!("bump growth: {r:?}");
+    heap.check_invariants().unwrap();
     assert!(r.segments_added >= 1);
     assert_eq!(heap.device_ptr(), first);
     let q = ptrs(&stream, &dev, n);
@@ -307,6 +313,7 @@ fn bump_grows_on_request_and_trims_after_reset() {
     let mapped = heap.virtual_stats().unwrap().mapped;
     let t = heap.trim().unwrap();
     eprintln!("bump trim: {t:?}");
+    heap.check_invariants().unwrap();
     assert!(t.segments_removed >= 1);
     assert_eq!(heap.segment_ptrs(), vec![first]);
     let v = heap.virtual_stats().unwrap();
@@ -351,6 +358,7 @@ fn a_heap_over_a_plain_resource_grows_and_trims_too() {
     unsafe { k.slab_free(4096, first, q.as_ptr(), 4096) }.unwrap();
     let t = heap.trim().unwrap();
     assert_eq!((t.segments_removed, t.bytes_unmapped), (1, 0), "{t:?}");
+    heap.check_invariants().unwrap();
     assert_eq!(heap.stats().unwrap().in_use, 4096);
     // SAFETY: as above.
     unsafe { k.slab_free(4096, first, p.as_ptr(), 4096) }.unwrap();
@@ -374,6 +382,7 @@ fn general_classes_grow_inside_their_strides() {
     let nclasses = classes.len();
     let c0 = classes[0].capacity;
     let mapped0 = heap.device_bytes();
+    heap.check_invariants().unwrap();
     let ends: Vec<u64> = (1..nclasses)
         .map(|c| heap.class_segment_ptrs(c)[0])
         .collect();
@@ -400,6 +409,7 @@ fn general_classes_grow_inside_their_strides() {
     // The policy grows class 0 only, inside its stride.
     let r = heap.after_launch().unwrap();
     eprintln!("general growth: {r:?}");
+    heap.check_invariants().unwrap();
     assert!(r.segments_added >= 1 && r.capacity_added >= c0, "{r:?}");
     assert_eq!(heap.device_bytes(), mapped0 + r.bytes_added);
     for c in 1..nclasses {
@@ -445,6 +455,7 @@ fn general_classes_grow_inside_their_strides() {
     // ensure_free_class and its errors.
     let before = heap.class_segment_ptrs(3).len();
     let r = heap.ensure_free_class(3, 64 << 20).unwrap();
+    heap.check_invariants().unwrap();
     assert!(r.segments_added >= 1);
     assert!(heap.class_segment_ptrs(3).len() > before);
     let s = heap.class_stats().unwrap()[3];
@@ -461,6 +472,7 @@ fn general_classes_grow_inside_their_strides() {
     // Trim: class 0's empty tail and class 3's new segments go; the mapping shrinks back.
     let t = heap.trim().unwrap();
     eprintln!("general trim: {t:?}");
+    heap.check_invariants().unwrap();
     assert_eq!(heap.class_segment_ptrs(0).len(), 1);
     assert_eq!(heap.class_segment_ptrs(3).len(), 1);
     assert_eq!(heap.device_bytes(), mapped0);

@@ -441,6 +441,75 @@ impl DeviceHeap {
         Ok(report)
     }
 
+    /// Reads every segment's handle back from the device (one copy each, waiting for the
+    /// heap's stream) and checks the chain against the host's: the handles are the ones the host
+    /// wrote, each `next` names the following segment and the last is 0; a growable general
+    /// heap's class chains lie inside their strides; the device bytes are within the maximum.
+    /// Between launches only.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        if let Some(max) = self.growth.max_bytes {
+            if self.device_bytes() > max {
+                return Err(format!(
+                    "{} device bytes past the maximum {max}",
+                    self.device_bytes()
+                ));
+            }
+        }
+        let chains: Vec<Vec<(u64, HeapHandle)>> = if let Some(plan) = &self.general {
+            let base = self.device_ptr();
+            (0..plan.classes.len())
+                .map(|c| {
+                    let mut first = plan.class_handle(c, base, self.flags);
+                    let extra = self.growth.general.as_ref().map(|g| &g.classes[c].extra);
+                    let extra: Vec<(u64, HeapHandle)> = extra
+                        .into_iter()
+                        .flatten()
+                        .map(|s| (s.ptr.as_ptr() as u64, s.handle))
+                        .collect();
+                    first.next = extra.first().map_or(0, |s| s.0);
+                    let mut v = vec![(base + plan.class_offset(c) as u64, first)];
+                    v.extend(extra);
+                    v
+                })
+                .collect()
+        } else {
+            vec![self
+                .segments
+                .iter()
+                .map(|s| (s.ptr.as_ptr() as u64, s.handle))
+                .collect()]
+        };
+        for (c, chain) in chains.iter().enumerate() {
+            if let (Some(plan), Some(&(start, _))) = (&self.general, chain.first()) {
+                let end = start + (1u64 << plan.stride_log2);
+                if chain.iter().any(|&(p, _)| !(start..end).contains(&p)) {
+                    return Err(format!("class {c}: a segment outside the class's stride"));
+                }
+            }
+            for (i, (at, host)) in chain.iter().enumerate() {
+                let want = chain.get(i + 1).map_or(0, |s| s.0);
+                if host.next != want {
+                    return Err(format!(
+                        "chain {c}, segment {i} at {at:#x}: host next {:#x}, expected {want:#x}",
+                        host.next
+                    ));
+                }
+                let mut dev = [0u8; std::mem::size_of::<HeapHandle>()];
+                let ptr = std::ptr::NonNull::new(*at as *mut u8)
+                    .ok_or_else(|| format!("chain {c}, segment {i} at address 0"))?;
+                self.copy_out(ptr, &mut dev).map_err(|e| e.to_string())?;
+                if dev[..] != *bytemuck::bytes_of(host) {
+                    let d: HeapHandle = bytemuck::pod_read_unaligned(&dev);
+                    return Err(format!(
+                        "chain {c}, segment {i} at {at:#x}: the device holds {d:?}, the host \
+                         wrote {host:?}"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn check_growable(&self) -> Result<()> {
         if self.general.is_some() {
             return Err(Error::Unsupported(

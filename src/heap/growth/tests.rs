@@ -196,3 +196,71 @@ fn footprints_round_to_chunks() {
     g.reset();
     assert_eq!((g.retired(), g.seen().failed), (None, 0));
 }
+
+mod models {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn kind() -> impl Strategy<Value = HeapKind> {
+        prop_oneof![
+            (1u64..=256).prop_map(|k| HeapKind::Slab { block_size: 16 * k }),
+            Just(HeapKind::Bump),
+        ]
+    }
+
+    proptest! {
+        /// A planned segment holds the need, fits the room once rounded to chunks, and fills
+        /// them; a refusal means the need alone does not fit.
+        #[test]
+        fn planned_segments_hold_the_need_and_fit_the_room(
+            kind in kind(),
+            need in 1u64..1 << 24,
+            extra in 0u64..1 << 24,
+            chunk_log2 in 0u32..23,
+            room in proptest::option::of(0usize..1 << 32),
+        ) {
+            let chunk = 1usize << chunk_log2;
+            let want = need + extra;
+            let rounded = |c: u64| raw_bytes(kind, 0, c).unwrap().next_multiple_of(chunk);
+            match plan_segment(kind, 0, want, need, chunk, room) {
+                Ok(c) => {
+                    prop_assert!(c >= need);
+                    prop_assert!(room.is_none_or(|r| rounded(c) <= r));
+                    if chunk > 1 {
+                        // Filling: one more unit would take another chunk or pass the room.
+                        let more = rounded(c + 1);
+                        prop_assert!(more > rounded(c) || room.is_some_and(|r| more > r));
+                    }
+                    if room.is_none_or(|r| rounded(want) <= r) {
+                        prop_assert!(c >= want);
+                    }
+                }
+                Err(Error::OutOfMemory { .. }) => {
+                    prop_assert!(room.is_some_and(|r| rounded(need) > r));
+                }
+                Err(e) => prop_assert!(false, "{e}"),
+            }
+        }
+
+        /// Relinking after removing any set of segments but the first leaves a chain that visits
+        /// exactly the kept segments, in order.
+        #[test]
+        fn relinked_chains_visit_the_kept_segments(n in 1usize..40, bits in any::<u64>()) {
+            let ptrs: Vec<u64> = (0..n as u64).map(|i| 0x1000 * (i + 1)).collect();
+            let remove: Vec<usize> = (1..n).filter(|i| bits >> i & 1 == 1).collect();
+            let mut next: Vec<u64> = (0..n).map(|i| ptrs.get(i + 1).copied().unwrap_or(0)).collect();
+            for (i, nx) in relink(&ptrs, &remove) {
+                prop_assert!(!remove.contains(&i), "a removed segment rewritten");
+                next[i] = nx;
+            }
+            let mut walk = vec![0usize];
+            while next[*walk.last().unwrap()] != 0 {
+                let p = next[*walk.last().unwrap()];
+                walk.push(ptrs.iter().position(|&q| q == p).unwrap());
+                prop_assert!(walk.len() <= n);
+            }
+            let kept: Vec<usize> = (0..n).filter(|i| !remove.contains(i)).collect();
+            prop_assert_eq!(walk, kept);
+        }
+    }
+}
