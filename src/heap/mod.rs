@@ -260,7 +260,9 @@ impl DeviceHeap {
 
     /// Adds a segment of `capacity` more blocks (slab) or bytes (bump). Kernels launched after
     /// this (on the heap's stream, or synchronised with it) allocate from it once the earlier
-    /// segments are full. Must not run while a kernel uses the heap.
+    /// segments are full. Must not run while a kernel uses the heap. On a
+    /// [`growable`](DeviceHeap::growable) heap, a segment past the maximum is an
+    /// [`Error::OutOfMemory`]; [`ensure_free`](DeviceHeap::ensure_free) sizes segments itself.
     pub fn grow(&mut self, capacity: u64) -> Result<()> {
         if self.general.is_some() {
             return Err(Error::Unsupported(
