@@ -176,6 +176,7 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
             "empty kernel ms",
             "atomicAdd/thread",
             "bump",
+            "bump (block)",
             "slab alloc (1.5×)",
             "slab free (1.5×)",
             "slab alloc (90 % fill)",
@@ -232,7 +233,7 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
         for &bs in &sizes {
             let mut row = vec![format!("2^{log_n}"), bs.to_string(), format!("{empty:.3}")];
             if n * bs * 3 / 2 > MAX_HEAP {
-                row.extend(std::iter::repeat_n("(heap > 40 GiB)".to_string(), 7));
+                row.extend(std::iter::repeat_n("(heap > 40 GiB)".to_string(), 8));
                 table.row(row);
                 continue;
             }
@@ -257,12 +258,19 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
                 || arena.reset(),
             )?;
             let failed = arena.stats()?.failed_allocs;
+            row.push(with_failures(rate(n, bump), failed));
+            arena.reset()?;
+            // The block-cooperative entry point: one reservation per block of 256 threads.
+            let block = time(
+                &c.dev,
+                &c.stream,
+                // SAFETY: the buffers and heap outlive the launch; see the caller.
+                || unsafe { k.bump_alloc_block_sink(n, h, n, bs, 16, sink) },
+                || arena.reset(),
+            )?;
+            let failed = arena.stats()?.failed_allocs;
             drop(arena);
-            row.push(if failed == 0 {
-                rate(n, bump)
-            } else {
-                format!("{} ({failed} failed)", rate(n, bump))
-            });
+            row.push(with_failures(rate(n, block), failed));
             let (a, f) = slab(&c, n, bs, n + n / 2, &out, false)?;
             row.push(format!("{a:.1}"));
             row.push(format!("{f:.1}"));
@@ -289,6 +297,15 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
     }
     let mixed = mixed_sizes(&c, quick)?;
     Ok(vec![table, mixed])
+}
+
+/// `rate`, with the failed requests when there were any.
+fn with_failures(rate: String, failed: u64) -> String {
+    if failed == 0 {
+        rate
+    } else {
+        format!("{rate} ({failed} failed)")
+    }
 }
 
 /// Hashed request sizes over 16 B to `max` (seed 1), through the general heap and CUDA's malloc.

@@ -103,6 +103,16 @@ impl<'a> HeapKernels<'a> {
         bump_alloc_sink => "carve_heap_bump_alloc_sink"(heap: u64, n: u64, bytes: u64, align: u64, sink: u64)
     );
     launcher!(
+        /// Every thread calls `carve_bump_alloc_block` (one reservation per block) for `bytes`,
+        /// or with `mixed != 0` for `bytes × (1 + i % 5)` and nothing when `i % 7 == 3`;
+        /// thread `i < n` stores its pointer into `out[i]`.
+        bump_alloc_block => "carve_heap_bump_alloc_block"(heap: u64, out: u64, n: u64, bytes: u64, align: u64, mixed: u32)
+    );
+    launcher!(
+        /// As `bump_alloc_block` for one size, keeping no pointer (benchmarks).
+        bump_alloc_block_sink => "carve_heap_bump_alloc_block_sink"(heap: u64, n: u64, bytes: u64, align: u64, sink: u64)
+    );
+    launcher!(
         /// Thread `i` writes its pattern over the `bytes` at `ptrs[i]` (if not 0).
         pattern_fill => "carve_heap_pattern_fill"(ptrs: u64, n: u64, bytes: u64)
     );
