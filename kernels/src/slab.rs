@@ -609,6 +609,7 @@ pub fn warp_hint(warp: u32, cap: u64) -> u64 {
 #[inline(always)]
 pub unsafe fn chain_alloc<W: Warp>(h: &HeapHandle, warp: &W, hint: u64) -> *mut u8 {
     let active = warp.active();
+    let first_capacity = h.capacity;
     // SAFETY: the caller vouches for every segment of the chain.
     let mut p = unsafe { Slab::new(h) }.alloc(warp, hint, h.next == 0);
     let mut h = h;
@@ -626,11 +627,25 @@ pub unsafe fn chain_alloc<W: Warp>(h: &HeapHandle, warp: &W, hint: u64) -> *mut 
                 warp,
                 mask: pending,
             };
+            // The same place in proportion: a hint spread over the first segment would crowd
+            // every warp into the start of a larger one.
+            let at = rescale_hint(hint, first_capacity, h.capacity);
             // SAFETY: as above; exactly the lanes of `pending` make this call.
-            p = unsafe { Slab::new(h) }.alloc(&rest, hint, h.next == 0);
+            p = unsafe { Slab::new(h) }.alloc(&rest, at, h.next == 0);
         }
     }
     p
+}
+
+/// `hint`, a block index among `from` blocks, moved to the same fraction of `to` blocks (and to
+/// a multiple of 32, as [`warp_hint`] gives).
+#[cold]
+#[inline(never)]
+fn rescale_hint(hint: u64, from: u64, to: u64) -> u64 {
+    if from == 0 {
+        return 0;
+    }
+    ((hint.min(from) as u128 * to as u128 / from as u128) as u64) & !31
 }
 
 /// Frees `ptr` into whichever segment of the chain at `h` holds it; counts it as foreign if none.
