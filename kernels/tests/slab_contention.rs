@@ -162,10 +162,11 @@ fn grid<R: Send>(warps: u32, f: impl Fn(u32, &Lane<'_>) -> R + Sync) -> Vec<Vec<
 }
 
 /// The GPU test's mixed rounds, scaled down: a chain of three segments (the head a third of the
-/// demand, as after growth), many warps at once, each warp's lanes in groups (`match_any` +
-/// `Among`, as the general heap's mixed path) that share the warp's hint, or whole warps; the
-/// demand is below the capacity, so every request is served, each block once; then everything
-/// is freed, and the next round starts from an empty chain.
+/// demand, as after growth), many warps at once with colliding hints and slow atomics, each
+/// warp's lanes in groups (`match_any` + `Among`, as the general heap's mixed path) that share
+/// the warp's hint, or whole warps; the demand is below the capacity, so every request is
+/// served, each block once; then everything is freed, and the next round starts from an empty
+/// chain.
 #[test]
 fn many_grouped_warps_on_a_chain_are_all_served() {
     let warps = 48u32;
@@ -173,15 +174,15 @@ fn many_grouped_warps_on_a_chain_are_all_served() {
     let caps = [demand / 3, demand / 3, demand / 2];
     let (heaps, copies) = chain_of(&caps, 16);
     let head = &copies[0];
-    for round in 0..4u32 {
+    for round in 0..6u32 {
         let got = grid(warps, |wi, w| {
             let seed = wi + round * warps;
             // Hints collide as on the GPU, where a grid has far more warps than a segment
             // has runs of 32 blocks.
-            let hint = slab::warp_hint(seed % 4, head.capacity);
+            let hint = slab::warp_hint(seed % 2, head.capacity);
+            let w = &Slow(w);
             // SAFETY: a formatted host chain that outlives the call; the lanes of `group` (or
             // the whole warp) make the call together.
-            let w = &Slow(w);
             let p = unsafe {
                 if round % 2 == 1 && wi % 4 == 0 {
                     slab::chain_alloc(head, w, hint)
@@ -236,7 +237,7 @@ fn many_grouped_warps_on_a_chain_are_all_served() {
 }
 
 /// One segment, partial groups: lanes of a few groups per warp only (the others idle), many
-/// warps on a heap that holds them all with little to spare.
+/// warps with colliding hints and slow atomics on a heap that holds them all.
 #[test]
 fn partial_groups_on_one_segment_are_all_served() {
     let warps = 96u32;
