@@ -495,6 +495,9 @@ fn general_classes_grow_inside_their_strides() {
     let bad = DeviceVec::<u32>::zeroed(1, &stream, cuda(&dev)).unwrap();
     let mut failed_rounds = 0;
     let mut last_failed = u64::MAX;
+    let failed_of =
+        |v: &[carve::heap::HeapStats]| -> Vec<u64> { v.iter().map(|s| s.failed_allocs).collect() };
+    let mut failed_before = failed_of(&heap.class_stats().unwrap());
     for round in 0..8 {
         // SAFETY: m holds n u64s.
         unsafe { k.general_malloc(n, heap.device_ptr(), m.as_ptr(), n, 5) }.unwrap();
@@ -509,6 +512,17 @@ fn general_classes_grow_inside_their_strides() {
             .collect();
         eprintln!("round {round}: (class, capacity, in use, failed so far) {short:?}");
         eprintln!("mixed round {round}: {got} of {n} served; {r:?}");
+        // The launch only allocates: a class fails a request only once its whole chain is full
+        // (before, warps piled into one shard gave up claiming with thousands of blocks free).
+        for (c, s) in before.iter().enumerate() {
+            if s.failed_allocs > failed_before[c] {
+                assert_eq!(
+                    s.in_use, s.capacity,
+                    "round {round}: class {c} failed requests with room left: {s:?}"
+                );
+            }
+        }
+        failed_before = failed_of(&before);
         // SAFETY: m holds what general_malloc wrote with this seed (0 where it failed).
         unsafe { k.general_check_free(n, heap.device_ptr(), m.as_ptr(), n, 5, bad.as_ptr()) }
             .unwrap();

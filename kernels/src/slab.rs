@@ -319,7 +319,7 @@ impl<'a> Slab<'a> {
         let mut served = 0;
         if left > 0 {
             let from = (hint >> 6) as u32;
-            self.claim(
+            served = self.claim(
                 warp,
                 active,
                 (shard, from, (hint & 63) as u32),
@@ -327,7 +327,6 @@ impl<'a> Slab<'a> {
                 (rank, 0),
                 mine,
             );
-            served = left;
         }
         let mut shard = shard;
         // Each round serves a lane or scans every shard: a pathological race with frees ends in
@@ -345,7 +344,7 @@ impl<'a> Slab<'a> {
             }
             let t = warp.shfl(active, t, leader);
             if t > 0 {
-                self.claim(
+                served += self.claim(
                     warp,
                     active,
                     (shard, shard << log2, 0),
@@ -353,7 +352,6 @@ impl<'a> Slab<'a> {
                     (rank, served),
                     mine,
                 );
-                served += t;
             }
         }
         let failed = warp.ballot(active, *mine == NONE).count_ones();
@@ -365,7 +363,8 @@ impl<'a> Slab<'a> {
     }
 
     /// Claims `take` reserved bits of `shard`, starting at `start_word` bit `from`, and gives
-    /// the lane of rank `served + j` the `j`-th of them.
+    /// the lane of rank `served + j` the `j`-th of them. Returns how many it claimed (`take`
+    /// unless frees kept racing it; the rest of the reservation is then given back).
     #[inline(always)]
     fn claim<W: Warp>(
         &self,
@@ -375,7 +374,7 @@ impl<'a> Slab<'a> {
         take: u32,
         (rank, served): (u32, u32),
         mine: &mut u64,
-    ) {
+    ) -> u32 {
         let leader = active.trailing_zeros();
         let is_leader = warp.lane() == leader;
         let first = shard << self.h.shard_words_log2;
@@ -386,7 +385,11 @@ impl<'a> Slab<'a> {
         let mut known = false;
         let mut left = take;
         let mut served = served;
-        let mut budget = 4 * words + 8;
+        // Without frees, a round that claims nothing shows bits of the word newly set by other
+        // claimers (each bit once per visit of its word), or finds the word full and moves on
+        // (each word once, the first twice): a pile-up of warps on one shard loses many rounds,
+        // yet every one of them is covered here.
+        let mut budget = 65 * (words + 1) + 32;
         while left > 0 {
             let mut got = 0u64;
             if is_leader {
@@ -417,9 +420,11 @@ impl<'a> Slab<'a> {
             }
         }
         if is_leader && left > 0 {
-            // Only a broken invariant (a foreign write to the bitmap) gets here: give the reservation back rather than spin.
+            // Only frees racing the claim round after round, or a foreign write to the bitmap,
+            // get here: give the reservation back rather than spin.
             self.unreserve(shard, left);
         }
+        take - left
     }
 
     /// A shard after `from` (cyclically) with room, found by the lanes reading one count each.
