@@ -47,7 +47,9 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use self::pages::Pages;
-use super::coalescing::core::{allocate_from, footprint, free_into, PoolCore, Reach, GRAIN};
+use super::coalescing::core::{
+    allocate_placed, footprint, free_into, Placer, PoolCore, Reach, GRAIN,
+};
 use super::StreamOrder;
 use super::{align_up, check_request, CudaOrder, HostOrder, MemoryResource, Properties};
 use crate::driver::Device;
@@ -449,10 +451,14 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
         let (size, needed) = footprint(bytes, align).ok_or(Error::SizeOverflow { bytes, align })?;
         let order = &*self.inner.order;
         let reach = Reach::Synchronize;
-        let found = match allocate_from(&mut st.core, order, stream, bytes, align, reach)? {
+        let st = &mut *st;
+        let place = Some(&st.pages as &dyn Placer);
+        let found = match allocate_placed(&mut st.core, order, stream, bytes, align, reach, place)?
+        {
             Some(p) => Some(p),
-            None if self.extend(&mut st, needed) => {
-                allocate_from(&mut st.core, order, stream, bytes, align, reach)?
+            None if self.extend(st, needed) => {
+                let place = Some(&st.pages as &dyn Placer);
+                allocate_placed(&mut st.core, order, stream, bytes, align, reach, place)?
             }
             None => None,
         };
@@ -461,13 +467,26 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
                 "the reserved range ({} bytes) has no free block of {needed} bytes",
                 self.inner.reserved
             );
-            return Err(self.out_of_memory(&mut st, bytes, why));
+            return Err(self.out_of_memory(st, bytes, why));
         };
-        let start = p.as_ptr() as usize;
-        let st = &mut *st;
+        let mut start = p.as_ptr() as usize;
+        let mut synced = false;
+        if st.pages.free_count() > 0
+            && st.pages.cost(start, start + size) > 0
+            && st.core.others_hold_free(stream.id())
+        {
+            // Moving a chunk waits for the whole device anyway; after that wait, every free
+            // block is open to this stream, and one of other streams' may lie on mapped pages.
+            let _ = st.core.free(NAME, stream.id(), start, bytes);
+            order.synchronize_all()?;
+            synced = true;
+            st.core.merge_all();
+            let p = st.core.take_placed(stream.id(), bytes, align, &st.pages);
+            start = p.expect("the block just freed still fits").as_ptr() as usize;
+        }
         if let Err(e) = st
             .pages
-            .commit(&self.inner.backing, order, start, start + size)
+            .commit(&self.inner.backing, order, synced, start, start + size)
         {
             // Never used: back to the index (a block of ours with its own size cannot fail).
             let _ = st.core.free(NAME, stream.id(), start, bytes);
@@ -476,7 +495,7 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
                 e => e,
             });
         }
-        Ok(p)
+        Ok(NonNull::new(start as *mut u8).expect("blocks lie in the reservation"))
     }
 
     unsafe fn deallocate(

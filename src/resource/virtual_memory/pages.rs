@@ -8,6 +8,7 @@
 
 use super::backing::{PhysicalBacking, PhysicalHandle};
 use crate::error::{Error, Result};
+use crate::resource::coalescing::core::Placer;
 use crate::resource::StreamOrder;
 
 const NOT_FREE: u32 = u32::MAX;
@@ -87,11 +88,18 @@ impl Pages {
         Some((self.base + i * self.page, h))
     }
 
-    /// Makes `[start, end)` mapped for a new live block. On failure nothing changed.
+    /// Free pages (mapped, no live block).
+    pub fn free_count(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Makes `[start, end)` mapped for a new live block; `synced`: the caller synchronised the
+    /// device since the last free (so free pages may move at once). On failure nothing changed.
     pub fn commit<B: PhysicalBacking>(
         &mut self,
         backing: &B,
         order: &dyn StreamOrder,
+        synced: bool,
         start: usize,
         end: usize,
     ) -> Result<()> {
@@ -134,7 +142,7 @@ impl Pages {
                 ),
             });
         }
-        if let Err(e) = self.map_missing(backing, order, span.clone()) {
+        if let Err(e) = self.map_missing(backing, order, synced, span.clone()) {
             self.decommit(start, end);
             return Err(e);
         }
@@ -145,10 +153,11 @@ impl Pages {
         &mut self,
         backing: &B,
         order: &dyn StreamOrder,
+        synced: bool,
         span: std::ops::Range<usize>,
     ) -> Result<()> {
         // Free pages may still be in use by work queued before their blocks were freed.
-        if !self.free.is_empty() {
+        if !self.free.is_empty() && !synced {
             order.synchronize_all()?;
         }
         let mut mapped_now: Vec<usize> = Vec::new();
@@ -340,5 +349,53 @@ impl Pages {
             ));
         }
         Ok(())
+    }
+}
+
+/// A block costs the pages it would have to map: so when free memory lies on mapped pages, a
+/// block goes there rather than moving chunks to where the best fit lies.
+impl Placer for Pages {
+    fn cost(&self, start: usize, end: usize) -> usize {
+        self.span(start, end)
+            .filter(|&i| self.pages.get(i).is_none_or(|p| p.handle.is_none()))
+            .count()
+    }
+
+    fn cheapest(&self, lo: usize, hi: usize, size: usize, align: usize) -> (usize, usize) {
+        let first = lo.next_multiple_of(align);
+        let last = (hi - size) / align * align;
+        let first_cost = self.cost(first, first + size);
+        if first_cost == 0 || last == first {
+            return (first, first_cost);
+        }
+        // Unmapped pages before each page of the free range, to price any spot in O(1).
+        let pages = self.span(lo, hi);
+        let mut before = Vec::with_capacity(pages.len() + 1);
+        before.push(0);
+        for i in pages.clone() {
+            let unmapped = self.pages.get(i).is_none_or(|p| p.handle.is_none());
+            before.push(before.last().copied().unwrap_or(0) + usize::from(unmapped));
+        }
+        let cost = |s: usize| {
+            let span = self.span(s, s + size);
+            before[span.end - pages.start] - before[span.start - pages.start]
+        };
+        let mut best = (first, first_cost);
+        // The cost changes only where the block starts or ends on a page boundary.
+        let mut b = self.base + (first - self.base) / self.page * self.page + self.page;
+        while best.1 > 0 && b <= hi {
+            let at_start = b.next_multiple_of(align);
+            let at_end = b.checked_sub(size).map(|s| s / align * align);
+            for s in [Some(at_start), at_end].into_iter().flatten() {
+                if s >= first && s <= last {
+                    let c = cost(s);
+                    if c < best.1 || (c == best.1 && s < best.0) {
+                        best = (s, c);
+                    }
+                }
+            }
+            b += self.page;
+        }
+        best
     }
 }

@@ -1,0 +1,114 @@
+//! Placement that weighs more than size. A [`Placer`] prices an address range (for a virtual
+//! range: the pages a block there would have to map); when the best fit costs something, the
+//! blocks that fit are weighed (up to [`SEARCH_LIMIT`]) at their cheapest spot, and the cheapest
+//! wins, the smaller block on a tie. A search is rare (the best fit is usually free) and far
+//! cheaper than what it saves (driver calls of tens of microseconds).
+
+use std::ptr::NonNull;
+
+use super::{fresh_bin, sealed_bin, PoolCore, Reach, ANY, GRAIN};
+use crate::error::Result;
+use crate::resource::{align_up, StreamOrder};
+use crate::stream::{StreamId, StreamRef};
+
+/// At most this many free blocks are weighed per search.
+pub(crate) const SEARCH_LIMIT: usize = 512;
+
+/// Prices where a block goes.
+pub(crate) trait Placer {
+    /// What a block over `[start, end)` costs (0: nothing beyond the bookkeeping).
+    fn cost(&self, start: usize, end: usize) -> usize;
+
+    /// The cheapest start for a block of `size` bytes at `align` (a GRAIN multiple) in the free
+    /// range `[lo, hi)`, which holds one at `align_up(lo, align)`, and its cost; on a tie, the
+    /// lowest start.
+    fn cheapest(&self, lo: usize, hi: usize, size: usize, align: usize) -> (usize, usize);
+}
+
+impl PoolCore {
+    /// [`take`](Self::take), except that when the best fit costs something under `placer`, the
+    /// block goes to the cheapest spot among the blocks `stream` may take without waiting.
+    pub fn take_placed(
+        &mut self,
+        stream: StreamId,
+        bytes: usize,
+        align: usize,
+        placer: &dyn Placer,
+    ) -> Option<NonNull<u8>> {
+        let (size, search) = super::footprint(bytes, align)?;
+        let t = self.tag(stream);
+        let bins = [fresh_bin(t), sealed_bin(t), ANY];
+        let node = self.fit(&bins, search / GRAIN)?;
+        let n = self.nodes[node as usize];
+        let start = align_up(n.addr, align)?;
+        let cost = placer.cost(start, start + size);
+        if cost == 0 {
+            return Some(self.carve_at(node, start, size, bytes));
+        }
+        let mut best = (cost, n.size, node, start);
+        let mut candidates = Vec::new();
+        for &b in &bins {
+            let left = SEARCH_LIMIT.saturating_sub(candidates.len());
+            self.bins[b as usize].fitting(&mut self.nodes, search / GRAIN, left, &mut candidates);
+        }
+        for c in candidates {
+            let n = self.nodes[c as usize];
+            let (at, cost) = placer.cheapest(n.addr, n.addr + n.size, size, align);
+            if (cost, n.size) < (best.0, best.1) {
+                best = (cost, n.size, c, at);
+            }
+        }
+        Some(self.carve_at(best.2, best.3, size, bytes))
+    }
+
+    fn take_with(
+        &mut self,
+        stream: StreamId,
+        bytes: usize,
+        align: usize,
+        placer: Option<&dyn Placer>,
+    ) -> Option<NonNull<u8>> {
+        match placer {
+            None => self.take(stream, bytes, align),
+            Some(p) => self.take_placed(stream, bytes, align, p),
+        }
+    }
+}
+
+/// [`allocate_from`](super::allocate_from), placing each block with `placer` when one is given.
+#[inline]
+pub(crate) fn allocate_placed(
+    core: &mut PoolCore,
+    order: &dyn StreamOrder,
+    stream: StreamRef<'_>,
+    bytes: usize,
+    align: usize,
+    reach: Reach,
+    placer: Option<&dyn Placer>,
+) -> Result<Option<NonNull<u8>>> {
+    let id = stream.id();
+    if let Some(p) = core.take_with(id, bytes, align, placer) {
+        return Ok(Some(p));
+    }
+    // Marks are worth their driver call only while other streams' blocks could help.
+    if core.others_hold_free(id) {
+        core.note_demand();
+    }
+    if let Some((victim, node)) = core.sealed_fit_elsewhere(id, bytes, align) {
+        order.wait_for_mark(stream, victim)?;
+        core.adopt(node, id);
+        if let Some(p) = core.take_with(id, bytes, align, placer) {
+            return Ok(Some(p));
+        }
+    }
+    let needed = super::footprint(bytes, align).map_or(usize::MAX, |f| f.1);
+    if reach == Reach::Synchronize
+        && core.others_hold_free(id)
+        && core.pool_size() - core.in_use() >= needed
+    {
+        order.synchronize_all()?;
+        core.merge_all();
+        return Ok(core.take_with(id, bytes, align, placer));
+    }
+    Ok(None)
+}
