@@ -34,6 +34,7 @@ mod simulated;
 
 pub use backing::{PhysicalBacking, PhysicalHandle};
 pub use counting::CountingBacking;
+use counting::SyncCounter;
 pub use cuda_backing::{ChunkLocation, CudaBacking, CudaBackingOptions};
 pub use expandable::{ExpandableMemoryResource, ExpandableOptions, ExpandableStats};
 #[cfg(target_os = "linux")]
@@ -153,6 +154,15 @@ pub struct VirtualStats {
     pub chunks_moved: u64,
     /// Chunks released (trim, failures).
     pub chunks_released: u64,
+    /// Successful `map` calls (one per page mapped: a created or a moved chunk).
+    pub maps: u64,
+    /// Successful `unmap` calls (moves, trims, failures).
+    pub unmaps: u64,
+    /// Successful `set_access` calls (one per run of pages mapped at once).
+    pub access_grants: u64,
+    /// Device-wide synchronisations (before moves and trims, and to reach other streams' free
+    /// blocks).
+    pub synchronizations: u64,
 }
 
 /// One reserved virtual range that grows in place, mapping physical chunks on demand. Cheap to
@@ -182,7 +192,7 @@ pub struct VirtualMemoryResource<B: PhysicalBacking = CudaBacking> {
 
 struct Inner<B: PhysicalBacking> {
     backing: B,
-    order: Arc<dyn StreamOrder>,
+    order: SyncCounter,
     base: usize,
     reserved: usize,
     expandable: bool,
@@ -286,7 +296,7 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
         let base = backing.reserve(reserved, page)?;
         Ok(VirtualMemoryResource {
             inner: Arc::new(Inner {
-                order,
+                order: SyncCounter::new(order),
                 base,
                 reserved,
                 expandable: options.expandable,
@@ -330,6 +340,10 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
             chunks_created: c.creates,
             chunks_moved: c.moves,
             chunks_released: c.releases,
+            maps: c.maps,
+            unmaps: c.unmaps,
+            access_grants: c.access_grants,
+            synchronizations: self.inner.order.syncs(),
         }
     }
 
@@ -449,7 +463,7 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
         let mut st = self.lock();
         let (bytes, align) = self.shape(st.pages.page_size(), bytes, align)?;
         let (size, needed) = footprint(bytes, align).ok_or(Error::SizeOverflow { bytes, align })?;
-        let order = &*self.inner.order;
+        let order = &self.inner.order;
         let reach = Reach::Synchronize;
         let st = &mut *st;
         let place = Some(&st.pages as &dyn Placer);
@@ -511,7 +525,7 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
         let st = &mut *st;
         free_into(
             &mut st.core,
-            &*self.inner.order,
+            &self.inner.order,
             NAME,
             stream,
             start,

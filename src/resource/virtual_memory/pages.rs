@@ -31,6 +31,10 @@ pub(crate) struct PageCounters {
     pub creates: u64,
     pub moves: u64,
     pub releases: u64,
+    /// Successful driver calls: maps, unmaps, access grants (one per run of pages mapped).
+    pub maps: u64,
+    pub unmaps: u64,
+    pub access_grants: u64,
 }
 
 #[derive(Debug)]
@@ -173,6 +177,7 @@ impl Pages {
                 let va = self.base + mapped_now[k] * self.page;
                 // SAFETY: pages `mapped_now[k..k + run]` are consecutive and were just mapped.
                 unsafe { backing.set_access(va, run * self.page)? };
+                self.counters.access_grants += 1;
                 k += run;
             }
             Ok(())
@@ -183,7 +188,9 @@ impl Pages {
                 let h = self.pages[i].handle.take().expect("mapped just now");
                 // SAFETY: mapped just now by us, never handed out (no access yet).
                 unsafe {
-                    let _ = backing.unmap(self.base + i * self.page, self.page);
+                    if backing.unmap(self.base + i * self.page, self.page).is_ok() {
+                        self.counters.unmaps += 1;
+                    }
                     let _ = backing.release(h, self.page);
                 }
                 self.counters.mapped -= 1;
@@ -221,6 +228,7 @@ impl Pages {
                         self.counters.mapped += 1;
                         return Err(e);
                     }
+                    self.counters.unmaps += 1;
                     (h, true)
                 }
                 None => (backing.create(self.page)?, false),
@@ -236,6 +244,7 @@ impl Pages {
                 }
                 return Err(e);
             }
+            self.counters.maps += 1;
             self.pages[i].handle = Some(handle);
             mapped_now.push(i);
             self.counters.mapped += 1;
@@ -284,6 +293,7 @@ impl Pages {
             let h = self.pages[j].handle.expect("free pages are mapped");
             // SAFETY: a page we mapped with this range, with no live block; the device is idle.
             unsafe { backing.unmap(self.base + j * self.page, self.page)? };
+            self.counters.unmaps += 1;
             self.free.pop();
             self.pages[j].handle = None;
             self.pages[j].free_at = NOT_FREE;
