@@ -569,4 +569,6 @@ impl<B: PhysicalBacking> fmt::Debug for VirtualMemoryResource<B> {
 }
 
 #[cfg(test)]
+mod placement_tests;
+#[cfg(test)]
 mod tests;
