@@ -6,6 +6,8 @@
 //! synchronisation, then unmap and map), and creates a chunk only when no page is free. So the
 //! physical memory held never exceeds the most pages live blocks have touched at once.
 
+use std::cell::RefCell;
+
 use super::backing::{PhysicalBacking, PhysicalHandle};
 use crate::error::{Error, Result};
 use crate::resource::coalescing::core::Placer;
@@ -41,10 +43,14 @@ pub(crate) struct PageCounters {
 pub(crate) struct Pages {
     base: usize,
     page: usize,
+    /// `page == 1 << shift`.
+    shift: u32,
     max_pages: usize,
     pages: Vec<Page>,
     free: Vec<u32>,
     counters: PageCounters,
+    /// Scratch for [`Placer::cheapest`]: unmapped pages before each page of a free block.
+    before: RefCell<Vec<u32>>,
 }
 
 impl Pages {
@@ -53,10 +59,12 @@ impl Pages {
         Pages {
             base,
             page,
+            shift: page.trailing_zeros(),
             max_pages,
             pages: Vec::new(),
             free: Vec::new(),
             counters: PageCounters::default(),
+            before: RefCell::default(),
         }
     }
 
@@ -82,7 +90,7 @@ impl Pages {
 
     fn span(&self, start: usize, end: usize) -> std::ops::Range<usize> {
         debug_assert!(start >= self.base && end > start);
-        (start - self.base) / self.page..(end - 1 - self.base) / self.page + 1
+        (start - self.base) >> self.shift..((end - 1 - self.base) >> self.shift) + 1
     }
 
     /// The page holding `addr` and its chunk, when mapped.
@@ -365,6 +373,10 @@ impl Pages {
 /// A block costs the pages it would have to map: so when free memory lies on mapped pages, a
 /// block goes there rather than moving chunks to where the best fit lies.
 impl Placer for Pages {
+    fn worth_searching(&self) -> bool {
+        !self.free.is_empty()
+    }
+
     fn cost(&self, start: usize, end: usize) -> usize {
         self.span(start, end)
             .filter(|&i| self.pages.get(i).is_none_or(|p| p.handle.is_none()))
@@ -372,30 +384,46 @@ impl Placer for Pages {
     }
 
     fn cheapest(&self, lo: usize, hi: usize, size: usize, align: usize) -> (usize, usize) {
-        let first = lo.next_multiple_of(align);
-        let last = (hi - size) / align * align;
+        // Alignments are powers of two.
+        let down = |a: usize| a & !(align - 1);
+        let first = down(lo + align - 1);
+        let last = down(hi - size);
         let first_cost = self.cost(first, first + size);
         if first_cost == 0 || last == first {
             return (first, first_cost);
         }
-        // Unmapped pages before each page of the free range, to price any spot in O(1).
-        let pages = self.span(lo, hi);
-        let mut before = Vec::with_capacity(pages.len() + 1);
+        // Unmapped pages before each page of the free range, to price any spot in O(1). Pages
+        // past the table are unmapped, so the table is read only up to its end.
+        let p0 = (lo - self.base) >> self.shift;
+        let known = self.pages.len().clamp(p0, self.span(lo, hi).end);
+        let mut before = self.before.borrow_mut();
+        before.clear();
         before.push(0);
-        for i in pages.clone() {
-            let unmapped = self.pages.get(i).is_none_or(|p| p.handle.is_none());
-            before.push(before.last().copied().unwrap_or(0) + usize::from(unmapped));
+        let mut unmapped = 0;
+        for p in &self.pages[p0..known] {
+            unmapped += u32::from(p.handle.is_none());
+            before.push(unmapped);
         }
+        let unmapped_before = |i: usize| {
+            let (k, n) = (i - p0, before.len() - 1);
+            if k <= n {
+                before[k] as usize
+            } else {
+                before[n] as usize + (k - n)
+            }
+        };
         let cost = |s: usize| {
             let span = self.span(s, s + size);
-            before[span.end - pages.start] - before[span.start - pages.start]
+            unmapped_before(span.end) - unmapped_before(span.start)
         };
         let mut best = (first, first_cost);
-        // The cost changes only where the block starts or ends on a page boundary.
-        let mut b = self.base + (first - self.base) / self.page * self.page + self.page;
-        while best.1 > 0 && b <= hi {
-            let at_start = b.next_multiple_of(align);
-            let at_end = b.checked_sub(size).map(|s| s / align * align);
+        // The cost changes only where the block starts or ends on a page boundary; past the
+        // table's end a spot costs every page it spans, so one page-aligned spot there will do.
+        let mut b = self.base + (((first - self.base) >> self.shift) + 1) * self.page;
+        let stop = hi.min(self.base + (known + 1) * self.page + size);
+        while best.1 > 0 && b <= stop {
+            let at_start = down(b + align - 1);
+            let at_end = b.checked_sub(size).map(down);
             for s in [Some(at_start), at_end].into_iter().flatten() {
                 if s >= first && s <= last {
                     let c = cost(s);

@@ -23,6 +23,11 @@ pub(crate) trait Placer {
     /// range `[lo, hi)`, which holds one at `align_up(lo, align)`, and its cost; on a tie, the
     /// lowest start.
     fn cheapest(&self, lo: usize, hi: usize, size: usize, align: usize) -> (usize, usize);
+
+    /// Whether any spot could be cheaper than another now.
+    fn worth_searching(&self) -> bool {
+        true
+    }
 }
 
 impl PoolCore {
@@ -42,7 +47,7 @@ impl PoolCore {
         let n = self.nodes[node as usize];
         let start = align_up(n.addr, align)?;
         let cost = placer.cost(start, start + size);
-        if cost == 0 {
+        if cost == 0 || !placer.worth_searching() {
             return Some(self.carve_at(node, start, size, bytes));
         }
         let mut best = (cost, n.size, node, start);
@@ -53,6 +58,9 @@ impl PoolCore {
         }
         for c in candidates {
             let n = self.nodes[c as usize];
+            if best.0 == 0 && n.size >= best.1 {
+                continue; // Only a smaller free spot could win.
+            }
             let (at, cost) = placer.cheapest(n.addr, n.addr + n.size, size, align);
             if (cost, n.size) < (best.0, best.1) {
                 best = (cost, n.size, c, at);
