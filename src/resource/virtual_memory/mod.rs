@@ -10,6 +10,12 @@
 //! page whose blocks are all freed stays mapped and free; when a block needs a page mapped
 //! elsewhere, the chunk of a free page moves there (after one device-wide synchronisation), so
 //! the memory held follows the pages in use, not the history of the range.
+//!
+//! Placement keeps those moves rare: when the best fit would map pages while free pages exist,
+//! the free blocks that fit are weighed by the pages they would map, and the block goes where
+//! the fewest are missing (free space on mapped pages first); when a move is due all the same,
+//! its synchronisation comes first and opens other streams' free blocks to the search (see
+//! BENCHMARKS.md, "simulated, no GPU", for the counts on training traces).
 //! [`trim`](VirtualMemoryResource::trim) unmaps and frees every free page.
 //!
 //! Two modes:
@@ -176,8 +182,9 @@ pub struct VirtualStats {
 /// driver's granularity); a page is mapped while a live block touches it. A page whose blocks
 /// are all freed stays mapped and free; when a block needs a page mapped elsewhere, the chunk
 /// of a free page moves there (after one device-wide synchronisation), so the memory held
-/// follows the pages in use, not the history of the range. [`trim`](Self::trim) unmaps and
-/// frees every free page.
+/// follows the pages in use, not the history of the range; blocks go to free space on mapped
+/// pages before space whose pages are unmapped, so moves stay rare. [`trim`](Self::trim) unmaps
+/// and frees every free page.
 ///
 /// Two modes: whole chunks per block ([`VirtualOptions::new`]; a free leaves its pages free at
 /// once; a good upstream for other suballocators), or blocks of 256-byte grains that share
@@ -495,8 +502,12 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
             order.synchronize_all()?;
             synced = true;
             st.core.merge_all();
-            let p = st.core.take_placed(stream.id(), bytes, align, &st.pages);
-            start = p.expect("the block just freed still fits").as_ptr() as usize;
+            // The block just freed is free to any stream now, so something fits.
+            let Some(p) = st.core.take_placed(stream.id(), bytes, align, &st.pages) else {
+                let why = "no free block after merging".to_owned();
+                return Err(self.out_of_memory(st, bytes, why));
+            };
+            start = p.as_ptr() as usize;
         }
         if let Err(e) = st
             .pages
