@@ -110,6 +110,24 @@ fn expandable_pool_moves_free_pages_and_keeps_live_data() {
     let st = r.stats();
     assert!(st.large.chunks_moved >= (count / 2) as u64, "{st:?}");
     assert!(st.peak_physical <= 512 * MIB, "{st:?}");
+    // The driver calls the replay report prints, counted by the backing and by each range.
+    let (sm, lg) = (st.small, st.large);
+    assert_eq!(
+        st.calls.creates,
+        sm.chunks_created + lg.chunks_created,
+        "{st:?}"
+    );
+    assert_eq!(st.calls.maps, sm.maps + lg.maps, "{st:?}");
+    assert_eq!(lg.maps, lg.chunks_created + lg.chunks_moved, "{st:?}");
+    assert_eq!(
+        st.calls.unmaps,
+        lg.chunks_moved + lg.chunks_released,
+        "{st:?}"
+    );
+    assert!(
+        lg.synchronizations >= 1,
+        "a move waits for the device: {st:?}"
+    );
     check(&s, big, big_bytes / 4, 99, "moved pages");
     for (i, &p) in blocks.iter().enumerate().skip(1).step_by(2) {
         check(&s, p, page / 4, i as u32, "live block");

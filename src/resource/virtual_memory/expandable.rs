@@ -135,6 +135,11 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
         })
     }
 
+    /// The backing both ranges map from.
+    pub fn backing(&self) -> &B {
+        self.backing.inner()
+    }
+
     /// Both ranges and the physical memory now.
     pub fn stats(&self) -> ExpandableStats {
         ExpandableStats {
