@@ -176,8 +176,10 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
             "empty kernel ms",
             "atomicAdd/thread",
             "bump",
+            "bump (block)",
             "slab alloc (1.5×)",
             "slab free (1.5×)",
+            "slab alloc (50 % fill)",
             "slab alloc (90 % fill)",
             "CUDA malloc",
             "CUDA free",
@@ -232,7 +234,7 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
         for &bs in &sizes {
             let mut row = vec![format!("2^{log_n}"), bs.to_string(), format!("{empty:.3}")];
             if n * bs * 3 / 2 > MAX_HEAP {
-                row.extend(std::iter::repeat_n("(heap > 40 GiB)".to_string(), 7));
+                row.extend(std::iter::repeat_n("(heap > 40 GiB)".to_string(), 9));
                 table.row(row);
                 continue;
             }
@@ -257,12 +259,19 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
                 || arena.reset(),
             )?;
             let failed = arena.stats()?.failed_allocs;
+            row.push(with_failures(rate(n, bump), failed));
+            arena.reset()?;
+            // The block-cooperative entry point: one reservation per block of 256 threads.
+            let block = time(
+                &c.dev,
+                &c.stream,
+                // SAFETY: the buffers and heap outlive the launch; see the caller.
+                || unsafe { k.bump_alloc_block_sink(n, h, n, bs, 16, sink) },
+                || arena.reset(),
+            )?;
+            let failed = arena.stats()?.failed_allocs;
             drop(arena);
-            row.push(if failed == 0 {
-                rate(n, bump)
-            } else {
-                format!("{} ({failed} failed)", rate(n, bump))
-            });
+            row.push(with_failures(rate(n, block), failed));
             let (a, f) = slab(&c, n, bs, n + n / 2, &out, false)?;
             row.push(format!("{a:.1}"));
             row.push(format!("{f:.1}"));
@@ -274,6 +283,8 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
                      G/s, against {a:.1} and {f:.1} ordered."
                 ));
             }
+            let (a50, _) = slab(&c, n, bs, 2 * n, &out, false)?;
+            row.push(format!("{a50:.1}"));
             let (a90, _) = slab(&c, n, bs, (n * 10).div_ceil(9), &out, false)?;
             row.push(format!("{a90:.1}"));
             if log_n == 20 && (bs == 16 || bs == 1024) {
@@ -288,7 +299,17 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
         }
     }
     let mixed = mixed_sizes(&c, quick)?;
-    Ok(vec![table, mixed])
+    let classes = per_class(&c, quick)?;
+    Ok(vec![table, mixed, classes])
+}
+
+/// `rate`, with the failed requests when there were any.
+fn with_failures(rate: String, failed: u64) -> String {
+    if failed == 0 {
+        rate
+    } else {
+        format!("{rate} ({failed} failed)")
+    }
 }
 
 /// Hashed request sizes over 16 B to `max` (seed 1), through the general heap and CUDA's malloc.
@@ -371,6 +392,72 @@ fn mixed_sizes(c: &Ctx, quick: bool) -> carve::Result<Table> {
          in the third column; timed like the slab columns above (alloc after a free, free after \
          an alloc). CUDA malloc: the same sizes under the 1 GiB malloc heap limit, bounded to \
          10 s; its nulls are reported.",
+    );
+    Ok(table)
+}
+
+/// One size at a time through `carve_malloc` (every thread asks the class size, so the warp
+/// takes its class's straight-line path), against the slab of that block size in the same run:
+/// what the general heap's class lookup and header cost a single class.
+fn per_class(c: &Ctx, quick: bool) -> carve::Result<Table> {
+    let mut table = Table::new(
+        "device_alloc, one class at a time: carve_malloc / carve_free of one size against          carve_slab_alloc / carve_slab_free of that block size (G requests/s; median of 5)",
+        &[
+            "N",
+            "bytes",
+            "carve_malloc",
+            "carve_free",
+            "slab alloc",
+            "slab free",
+            "malloc / slab alloc",
+            "free / slab free",
+        ],
+    );
+    let sizes: &[u64] = if quick {
+        &[16, 4096]
+    } else {
+        &[16, 64, 256, 1024, 4096, 16384, 65536]
+    };
+    for &bytes in sizes {
+        // Every one of the 44 classes gets the bytes this size needs (equal strides), so N
+        // shrinks with the size to keep the heap under 44 GiB.
+        let log_n = (29 - bytes.trailing_zeros()).min(22);
+        let n = 1u64 << log_n;
+        let per_class = (n * bytes * 2).next_power_of_two();
+        let out = DeviceVec::<u64>::zeroed(n as usize, &c.stream, c.mr.clone())?;
+        let heap = DeviceHeap::general(c.mr.clone(), &c.stream, per_class)?;
+        let (k, h, o) = (c.kernels(), heap.device_ptr(), out.as_ptr());
+        // SAFETY: `out` holds n u64s; the heap lives until the end of the row; each free takes
+        // back exactly what the allocation before it wrote.
+        let alloc = || unsafe { k.general_malloc_one_bench(n, h, o, n, bytes) };
+        // SAFETY: as above.
+        let free = || unsafe { k.general_free_bench(n, h, o, n) };
+        let alloc_ms = time(&c.dev, &c.stream, alloc, free)?;
+        alloc()?;
+        let free_ms = time(&c.dev, &c.stream, free, alloc)?;
+        free()?;
+        let s = heap.stats()?;
+        if s.failed_allocs > 0 || s.double_frees > 0 || s.foreign_frees > 0 || s.in_use > 0 {
+            return Err(carve::Error::InvalidArgument(format!(
+                "per-class bench at {bytes} B: {s:?}"
+            )));
+        }
+        drop(heap);
+        let (m, f) = (n as f64 / (alloc_ms * 1e6), n as f64 / (free_ms * 1e6));
+        let (sa, sf) = slab(c, n, bytes, n + n / 2, &out, false)?;
+        table.row(vec![
+            format!("2^{log_n}"),
+            bytes.to_string(),
+            format!("{m:.1}"),
+            format!("{f:.1}"),
+            format!("{sa:.1}"),
+            format!("{sf:.1}"),
+            format!("{:.2}×", m / sa),
+            format!("{:.2}×", f / sf),
+        ]);
+    }
+    table.note(
+        "carve_malloc: a general heap (DeviceHeap::general) whose every class holds twice the          row's bytes; slab: a slab heap of 1.5 N blocks of that size, as in the first table.",
     );
     Ok(table)
 }

@@ -39,6 +39,10 @@ THREADS_PER_BLOCK = 256
 slab_alloc = cuda.declare_device("carve_numba_slab_alloc", "uint64(uint64)")
 slab_free = cuda.declare_device("carve_numba_slab_free", "void(uint64, uint64)")
 bump_alloc = cuda.declare_device("carve_numba_bump_alloc", "uint64(uint64, uint64, uint64)")
+# Every thread of the block calls (as cuda.syncthreads): one reservation for the block.
+bump_alloc_block = cuda.declare_device(
+    "carve_numba_bump_alloc_block", "uint64(uint64, uint64, uint64)"
+)
 # General heaps (DeviceHeap::general): any size from 1 byte to 64 KiB; free finds the class.
 malloc = cuda.declare_device("carve_numba_malloc", "uint64(uint64, uint64)")
 free = cuda.declare_device("carve_numba_free", "void(uint64, uint64)")

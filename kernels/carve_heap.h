@@ -16,6 +16,11 @@
  *   carve_bump_alloc(heap, n, align)  n bytes aligned to align (a power of two <= 4096); NULL when
  *                                     exhausted, n == 0, a bad alignment, or `heap` not a bump.
  *                                     Released all at once by DeviceHeap::reset on the host.
+ *   carve_bump_alloc_block(heap, n, align)
+ *                                     as carve_bump_alloc, but called by every thread of the
+ *                                     block (as __syncthreads), each with its own n: one
+ *                                     reservation for the whole block. When it does not fit,
+ *                                     every thread of the block gets NULL.
  *   carve_malloc(heap, n)             n bytes (1 to 65536) from a general heap
  *                                     (DeviceHeap::general): a block of the smallest size class
  *                                     that holds n, aligned to 16 bytes (to the class size when
@@ -27,8 +32,8 @@
  * None of them traps or unwinds; failures are counted in DeviceHeap::stats().
  *
  * The module exports exactly these functions and nothing else (tests/no_gpu.rs checks it): the
- * five above and their Numba-convention forms, carve_numba_slab_alloc, carve_numba_slab_free,
- * carve_numba_bump_alloc, carve_numba_malloc and carve_numba_free (int f(T *result, args...),
+ * six above and their Numba-convention forms, carve_numba_slab_alloc, carve_numba_slab_free,
+ * carve_numba_bump_alloc, carve_numba_bump_alloc_block, carve_numba_malloc and carve_numba_free (int f(T *result, args...),
  * returning 0), for cuda.declare_device;
  * see examples/numba_heap.py.
  * A heap in memory that carve did not allocate (a Python device array) is formatted with
@@ -50,6 +55,7 @@ extern "C" {
 __device__ void *carve_slab_alloc(const carve_heap_t *heap);
 __device__ void carve_slab_free(const carve_heap_t *heap, void *ptr);
 __device__ void *carve_bump_alloc(const carve_heap_t *heap, uint64_t bytes, uint64_t align);
+__device__ void *carve_bump_alloc_block(const carve_heap_t *heap, uint64_t bytes, uint64_t align);
 __device__ void *carve_malloc(const carve_heap_t *heap, uint64_t bytes);
 __device__ void carve_free(const carve_heap_t *heap, void *ptr);
 
@@ -58,6 +64,8 @@ __device__ int carve_numba_slab_alloc(uint64_t *ret, const carve_heap_t *heap);
 __device__ int carve_numba_slab_free(uint64_t *ret, const carve_heap_t *heap, void *ptr);
 __device__ int carve_numba_bump_alloc(uint64_t *ret, const carve_heap_t *heap, uint64_t bytes,
                                       uint64_t align);
+__device__ int carve_numba_bump_alloc_block(uint64_t *ret, const carve_heap_t *heap,
+                                            uint64_t bytes, uint64_t align);
 __device__ int carve_numba_malloc(uint64_t *ret, const carve_heap_t *heap, uint64_t bytes);
 __device__ int carve_numba_free(uint64_t *ret, const carve_heap_t *heap, void *ptr);
 

@@ -228,6 +228,95 @@ fn bump_serves_aligned_disjoint_ranges_and_resets() {
     assert_eq!(s.failed_allocs, N - got);
 }
 
+/// `carve_heap_bump_alloc_block`'s request for thread `i` (see `block_request` in the kernels).
+fn block_request(i: u64, bytes: u64, mixed: bool) -> u64 {
+    match mixed {
+        false => bytes,
+        true if i % 7 == 3 => 0,
+        true => bytes * (1 + i % 5),
+    }
+}
+
+#[test]
+fn bump_block_serves_each_block_whole_or_not_at_all() {
+    let dev = carve::require_gpu!();
+    let stream = dev.new_stream().unwrap();
+    let k = HeapKernels::new(&stream);
+    let p = ptrs(&stream, &dev, N);
+    for mixed in [false, true] {
+        let (bytes, align) = (32u64, 32u64);
+        let want: Vec<u64> = (0..N).map(|i| block_request(i, bytes, mixed)).collect();
+        let total: u64 = want.iter().sum();
+        let asked = want.iter().filter(|&&w| w != 0).count() as u64;
+        let heap = DeviceHeap::bump(cuda(&dev), &stream, total * 5 / 4).unwrap();
+        // SAFETY: p holds N u64s.
+        unsafe {
+            k.bump_alloc_block(
+                N,
+                heap.device_ptr(),
+                p.as_ptr(),
+                N,
+                bytes,
+                align,
+                u32::from(mixed),
+            )
+        }
+        .unwrap();
+        let got = p.to_vec().unwrap();
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        for (i, (&a, &w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a != 0, w != 0, "thread {i} asked {w} bytes, got {a:#x}");
+            if w != 0 {
+                assert_eq!(a % align, 0, "thread {i}: {a:#x} not aligned");
+                ranges.push((a, a + w));
+            }
+        }
+        ranges.sort_unstable();
+        assert!(
+            ranges.windows(2).all(|r| r[0].1 <= r[1].0),
+            "ranges overlap"
+        );
+        // Every range holds its thread's pattern (over the smallest request).
+        // SAFETY: every live range is at least `bytes` long and owned by its thread.
+        unsafe { k.pattern_fill(N, p.as_ptr(), N, bytes) }.unwrap();
+        assert_eq!(bad_count(&k, &p, N, bytes), 0, "mixed {mixed}");
+        let s = heap.stats().unwrap();
+        assert_eq!(s.failed_allocs, 0, "{s:?}");
+        assert!(s.in_use >= total && s.in_use <= total * 5 / 4, "{s:?}");
+
+        // Exhaustion: room for about half; a block is served whole or not at all.
+        let small = DeviceHeap::bump(cuda(&dev), &stream, total / 2).unwrap();
+        // SAFETY: as above.
+        unsafe {
+            k.bump_alloc_block(
+                N,
+                small.device_ptr(),
+                p.as_ptr(),
+                N,
+                bytes,
+                align,
+                u32::from(mixed),
+            )
+        }
+        .unwrap();
+        let got = p.to_vec().unwrap();
+        let mut served = 0u64;
+        for (b, chunk) in got.chunks(256).enumerate() {
+            let wants = &want[b * 256..b * 256 + chunk.len()];
+            let live = chunk.iter().filter(|&&a| a != 0).count();
+            let asked_here = wants.iter().filter(|&&w| w != 0).count();
+            assert!(
+                live == 0 || live == asked_here,
+                "block {b}: {live} of {asked_here} served"
+            );
+            served += live as u64;
+        }
+        assert!(served > 0 && served < asked, "served {served} of {asked}");
+        let s = small.stats().unwrap();
+        assert_eq!(s.failed_allocs, asked - served, "{s:?}");
+    }
+}
+
 #[test]
 fn slab_blocks_are_aligned_to_their_size_over_a_256_byte_resource() {
     let dev = carve::require_gpu!();

@@ -285,19 +285,7 @@ impl<'a> Bump<'a> {
         let request = total + warp_align - GRANULE;
         let mut base = u64::MAX;
         if warp.lane() == leader {
-            let chunked = self.h.nwords > 0 && request <= self.chunk() / 4;
-            let got = if chunked {
-                let s = warp.slot_hint();
-                let s = if s < self.h.nwords {
-                    s
-                } else {
-                    wrap_slot(s, self.h.nwords)
-                };
-                self.reserve_in_slot(s, request)
-            } else {
-                self.reserve_global(request)
-            };
-            if let Some(off) = got {
+            if let Some(off) = self.reserve_for(warp.slot_hint(), request) {
                 base = round_up(self.h.data + off, warp_align);
             } else {
                 self.at_home()
@@ -314,6 +302,29 @@ impl<'a> Bump<'a> {
         if count.unwrap_or(self.h.next == 0) {
             self.count_failure(slot, n as u64);
         }
+    }
+
+    /// Reserves `request` bytes (a multiple of [`GRANULE`]) for one caller: from slot `slot`
+    /// (wrapped to the slots there are) when chunking is on and it fits a quarter chunk, else
+    /// from the global offset. Returns the arena offset.
+    #[inline(always)]
+    pub fn reserve_for(&self, slot: u32, request: u64) -> Option<u64> {
+        if self.h.nwords > 0 && request <= self.chunk() / 4 {
+            let s = if slot < self.h.nwords {
+                slot
+            } else {
+                wrap_slot(slot, self.h.nwords)
+            };
+            self.reserve_in_slot(s, request)
+        } else {
+            self.reserve_global(request)
+        }
+    }
+
+    /// Counts `n` failed requests (counter slot `slot`).
+    #[inline(always)]
+    pub fn count_failures(&self, slot: u32, n: u64) {
+        self.count_failure(slot, n)
     }
 
     #[inline(always)]

@@ -5,9 +5,10 @@
 
 use crate::bump;
 use crate::bump::Bump;
+use crate::bump_block;
 use crate::general;
 use crate::heap_layout::{GeneralHeader, HeapHandle, HEAP_MAGIC, KIND_BUMP, KIND_SLAB};
-use crate::nvptx::{self, FullWarp, NvptxWarp};
+use crate::nvptx::{self, FullWarp, NvptxBlock, NvptxWarp};
 use crate::slab::{self, Slab};
 use crate::warp::Warp;
 
@@ -122,12 +123,15 @@ pub(crate) unsafe fn slab_free_with<F: Warp, G: Warp>(
     full: &F,
     any: &G,
 ) {
+    // The handle's loads go out before `ptr` is tested, so their round trip overlaps the
+    // caller's load of `ptr` instead of following it.
+    // SAFETY: forwarded contract.
+    let h = unsafe { nvptx::load_handle(heap, tag(KIND_SLAB)) };
     if ptr.is_null() {
         return;
     }
     if NvptxWarp.active() == u32::MAX {
-        // SAFETY: forwarded contract.
-        if let Some(h) = unsafe { nvptx::load_handle(heap, tag(KIND_SLAB)) } {
+        if let Some(h) = h {
             // SAFETY: `h` is a copy of the formatted slab handle at `heap`.
             if unsafe { Slab::with_copy(&h, &*heap) }.free_run(full, ptr) {
                 return;
@@ -181,6 +185,30 @@ pub unsafe extern "C" fn carve_bump_alloc(
         }
     }
     p
+}
+
+/// Allocates `bytes` aligned to `align` for every thread of the calling block, with one
+/// reservation for the whole block instead of one per warp; each thread may ask its own size.
+/// Every thread of the block must call, with the same `heap`, as for `__syncthreads`. Null for
+/// a zero size, a bad alignment, or when the arena has no room for the block's total (then
+/// every thread of the block gets null).
+///
+/// # Safety
+/// As for [`carve_bump_alloc`], and every thread of the block reaches the call.
+#[no_mangle]
+pub unsafe extern "C" fn carve_bump_alloc_block(
+    heap: *const HeapHandle,
+    bytes: u64,
+    align: u64,
+) -> *mut u8 {
+    let block = NvptxBlock::here();
+    // SAFETY: forwarded contract; `heap` is the same for the whole block, so every thread
+    // takes the same branch.
+    match unsafe { handle(heap, KIND_BUMP) } {
+        // SAFETY: a formatted bump chain, called by the whole block.
+        Some(h) => unsafe { bump_block::chain_alloc_block(h, &block, bytes, align) },
+        None => core::ptr::null_mut(),
+    }
 }
 
 /// [`carve_bump_alloc`] for any set of lanes, segment by segment.

@@ -27,6 +27,7 @@ extern crate alloc;
 
 pub mod blocks;
 pub mod bump;
+pub mod bump_block;
 pub mod general;
 pub mod global_alloc;
 pub mod heap_layout;

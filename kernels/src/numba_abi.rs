@@ -4,7 +4,8 @@
 //! `examples/numba_heap.py` for the declarations.
 
 use crate::heap_entry::{
-    carve_bump_alloc, carve_free, carve_malloc, carve_slab_alloc, carve_slab_free,
+    carve_bump_alloc, carve_bump_alloc_block, carve_free, carve_malloc, carve_slab_alloc,
+    carve_slab_free,
 };
 use crate::heap_layout::{GeneralHeader, HeapHandle};
 
@@ -52,6 +53,23 @@ pub unsafe extern "C" fn carve_numba_bump_alloc(
 ) -> i32 {
     // SAFETY: forwarded contract; Numba passes a writable slot for the result.
     unsafe { ret.write(carve_bump_alloc(heap, bytes, align) as u64) };
+    OK
+}
+
+/// `uint64(uint64, uint64, uint64)`: [`carve_bump_alloc_block`], the address (0 on failure)
+/// into `*ret`; every thread of the block calls.
+///
+/// # Safety
+/// `ret` is Numba's result slot; `heap` as for [`carve_bump_alloc_block`].
+#[no_mangle]
+pub unsafe extern "C" fn carve_numba_bump_alloc_block(
+    ret: *mut u64,
+    heap: *const HeapHandle,
+    bytes: u64,
+    align: u64,
+) -> i32 {
+    // SAFETY: forwarded contract; Numba passes a writable slot for the result.
+    unsafe { ret.write(carve_bump_alloc_block(heap, bytes, align) as u64) };
     OK
 }
 

@@ -293,22 +293,38 @@ pub fn warp_index() -> u32 {
     }
 }
 
-/// Two `u64`s at `p` (16-byte aligned, global memory) through the read-only data path.
+/// The first 96 bytes at `p` (16-byte aligned, global memory) as six pairs, through the
+/// read-only data path.
+///
+/// One statement with effects, so that all six loads issue where the caller reads the handle:
+/// as pure per-pair statements LLVM sank the loads of fields used only past a branch below it,
+/// a second round trip on every call. ptxas still drops the loads whose results go unused.
 ///
 /// # Safety
-/// `p` is a global address of 16 readable bytes that nothing writes while the kernel runs.
+/// `p` is a global address of 96 readable bytes that nothing writes while the kernel runs.
 #[inline(always)]
-unsafe fn ld_nc_pair(p: u64) -> (u64, u64) {
-    let (a, b): (u64, u64);
-    // SAFETY: the caller's contract; `pure, readonly` lets LLVM drop loads whose fields go unused.
+unsafe fn ld_nc_handle(p: u64) -> [(u64, u64); 6] {
+    let mut v = [(0u64, 0u64); 6];
+    // SAFETY: the caller's contract; not `pure`, so that LLVM keeps the loads in place.
     unsafe {
         core::arch::asm!(
-            "ld.global.nc.v2.u64 {{{a}, {b}}}, [{p}];",
-            a = out(reg64) a, b = out(reg64) b, p = in(reg64) p,
-            options(pure, readonly, nostack),
+            "ld.global.nc.v2.u64 {{{a0}, {b0}}}, [{p}];",
+            "ld.global.nc.v2.u64 {{{a1}, {b1}}}, [{p}+16];",
+            "ld.global.nc.v2.u64 {{{a2}, {b2}}}, [{p}+32];",
+            "ld.global.nc.v2.u64 {{{a3}, {b3}}}, [{p}+48];",
+            "ld.global.nc.v2.u64 {{{a4}, {b4}}}, [{p}+64];",
+            "ld.global.nc.v2.u64 {{{a5}, {b5}}}, [{p}+80];",
+            a0 = out(reg64) v[0].0, b0 = out(reg64) v[0].1,
+            a1 = out(reg64) v[1].0, b1 = out(reg64) v[1].1,
+            a2 = out(reg64) v[2].0, b2 = out(reg64) v[2].1,
+            a3 = out(reg64) v[3].0, b3 = out(reg64) v[3].1,
+            a4 = out(reg64) v[4].0, b4 = out(reg64) v[4].1,
+            a5 = out(reg64) v[5].0, b5 = out(reg64) v[5].1,
+            p = in(reg64) p,
+            options(readonly, nostack),
         )
     };
-    (a, b)
+    v
 }
 
 /// A copy of the handle at `heap` in registers, if it is a formatted heap of `kind`: one 16-byte
@@ -334,7 +350,7 @@ pub unsafe fn load_handle(heap: *const HeapHandle, tag: u64) -> Option<HeapHandl
     };
     // SAFETY: the caller's contract; the handle is 128 bytes, 16-byte aligned.
     let [(magic_kind, block_size), (capacity, data), (counters, shard_used), (shard_peak, words), (w64, w72), (w80, next)] =
-        [0, 16, 32, 48, 64, 80].map(|o| unsafe { ld_nc_pair(g + o) });
+        unsafe { ld_nc_handle(g) };
     if magic_kind != tag {
         return None;
     }
@@ -357,4 +373,84 @@ pub unsafe fn load_handle(heap: *const HeapHandle, tag: u64) -> Option<HeapHandl
         next,
         reserved: [0; 4],
     })
+}
+
+/// The calling thread's index in its block and the block's thread count, whatever its shape.
+#[inline(always)]
+fn thread_in_block() -> (u32, u32) {
+    // SAFETY: reading special registers has no preconditions inside a kernel.
+    unsafe {
+        let (bx, by) = (nvptx::_block_dim_x() as u32, nvptx::_block_dim_y() as u32);
+        let threads = bx * by * nvptx::_block_dim_z() as u32;
+        let t = nvptx::_thread_idx_x() as u32
+            + bx * (nvptx::_thread_idx_y() as u32 + by * nvptx::_thread_idx_z() as u32);
+        (t, threads)
+    }
+}
+
+/// The calling thread block: the GPU implementation of [`crate::bump_block::Block`], over
+/// `bar.sync` and a scratch array in shared memory.
+#[derive(Clone, Copy, Debug)]
+pub struct NvptxBlock {
+    scratch: *const AtomicU64,
+    warp: u32,
+    warps: u32,
+}
+
+impl NvptxBlock {
+    /// The calling block, with this function's own scratch in shared memory: one array per
+    /// inlined copy (the declaration sits in a scope of its own), so two call sites never share
+    /// words, and calls from one site are kept apart by the protocol's barriers.
+    #[inline(always)]
+    pub fn here() -> Self {
+        let p: u64;
+        // SAFETY: declares a block-shared array (a static of this scope, as PTX allows) and
+        // converts its address to a generic one; no other memory is touched.
+        unsafe {
+            core::arch::asm!(
+                "{{",
+                ".shared .align 8 .b64 carve_block_scratch[33];",
+                "cvta.shared.u64 {p}, carve_block_scratch;",
+                "}}",
+                p = out(reg64) p,
+            )
+        };
+        let (t, threads) = thread_in_block();
+        NvptxBlock {
+            scratch: p as *const AtomicU64,
+            warp: t / 32,
+            warps: threads.div_ceil(32),
+        }
+    }
+}
+
+const _: () = assert!(crate::bump_block::BLOCK_SCRATCH_WORDS == 33);
+
+impl crate::bump_block::Block for NvptxBlock {
+    type W = NvptxWarp;
+    #[inline(always)]
+    fn warp(&self) -> &NvptxWarp {
+        &NvptxWarp
+    }
+    #[inline(always)]
+    fn warp_index(&self) -> u32 {
+        self.warp
+    }
+    #[inline(always)]
+    fn warps(&self) -> u32 {
+        self.warps
+    }
+    #[inline(always)]
+    fn scratch(&self, i: u32) -> &AtomicU64 {
+        debug_assert!((i as usize) < crate::bump_block::BLOCK_SCRATCH_WORDS);
+        // SAFETY: `here` gave 33 shared words, alive for the whole launch, touched only
+        // atomically.
+        unsafe { &*self.scratch.add(i as usize) }
+    }
+    #[inline(always)]
+    fn sync(&self) {
+        // SAFETY: the caller of the block protocol guarantees every thread of the block
+        // reaches each barrier.
+        unsafe { nvptx::_syncthreads() }
+    }
 }

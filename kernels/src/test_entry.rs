@@ -8,8 +8,8 @@ use alloc::vec::Vec;
 use crate::general::{bench_request_size, test_request_size};
 use crate::global_alloc::CarveAlloc;
 use crate::heap_entry::{
-    carve_bump_alloc, carve_free, carve_malloc, carve_slab_alloc, carve_slab_free, slab_alloc_with,
-    slab_free_with,
+    carve_bump_alloc, carve_bump_alloc_block, carve_free, carve_malloc, carve_slab_alloc,
+    carve_slab_free, slab_alloc_with, slab_free_with,
 };
 use crate::heap_layout::{GeneralHeader, HeapHandle};
 use crate::nvptx::{self, NvptxWarp, RelaxedWarp};
@@ -180,6 +180,64 @@ pub unsafe extern "ptx-kernel" fn carve_heap_bump_alloc_sink(
             // SAFETY: sink is writable.
             unsafe { sink.write(p) };
         }
+    }
+}
+
+/// The request of thread `i` in the block-allocation kernels: `bytes`, or with `mixed` a
+/// multiple `1..=5` of it and 0 (no request) for every seventh thread; 0 past `n`.
+#[inline(always)]
+fn block_request(i: u64, n: u64, bytes: u64, mixed: u32) -> u64 {
+    match (i < n, mixed != 0) {
+        (false, _) => 0,
+        (true, false) => bytes,
+        (true, true) if i % 7 == 3 => 0,
+        (true, true) => bytes * (1 + i % 5),
+    }
+}
+
+/// Every thread of every block calls [`carve_bump_alloc_block`] for
+/// [`block_request`]`(i, ..)` bytes; thread `i < n` stores the pointer into `out[i]`.
+///
+/// # Safety
+/// As for [`carve_bump_alloc_block`]; `out` holds `n` `u64`s.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn carve_heap_bump_alloc_block(
+    heap: *const HeapHandle,
+    out: *mut u64,
+    n: u64,
+    bytes: u64,
+    align: u64,
+    mixed: u32,
+) {
+    let i = nvptx::global_thread_index();
+    let want = block_request(i, n, bytes, mixed);
+    // SAFETY: forwarded contract; every thread of the block makes this call.
+    let p = unsafe { carve_bump_alloc_block(heap, want, align) } as u64;
+    if i < n {
+        // SAFETY: i < n.
+        unsafe { out.add(i as usize).write(p) };
+    }
+}
+
+/// Benchmark form of [`carve_heap_bump_alloc_block`] for one size: the pointer goes to `sink`
+/// only if it equals `u64::MAX` (never).
+///
+/// # Safety
+/// As for [`carve_bump_alloc_block`]; `sink` is one writable `u64`.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn carve_heap_bump_alloc_block_sink(
+    heap: *const HeapHandle,
+    n: u64,
+    bytes: u64,
+    align: u64,
+    sink: *mut u64,
+) {
+    let want = block_request(nvptx::global_thread_index(), n, bytes, 0);
+    // SAFETY: forwarded contract; every thread of the block makes this call.
+    let p = unsafe { carve_bump_alloc_block(heap, want, align) } as u64;
+    if p == u64::MAX {
+        // SAFETY: sink is writable.
+        unsafe { sink.write(p) };
     }
 }
 
@@ -498,6 +556,26 @@ pub unsafe extern "ptx-kernel" fn carve_bench_general_malloc(
     if let Some(i) = tid(n) {
         // SAFETY: forwarded contract.
         let p = unsafe { carve_malloc(heap, bench_request_size(i as u64, seed, max)) };
+        // SAFETY: i < n.
+        unsafe { out.add(i).write(p as u64) };
+    }
+}
+
+/// Benchmark: thread `i < n` allocates `bytes` (one size for every thread) from the general
+/// heap at `heap` into `out[i]`, writing nothing into the block.
+///
+/// # Safety
+/// As for [`carve_malloc`]; `out` holds `n` `u64`s.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn carve_bench_general_malloc_one(
+    heap: *const GeneralHeader,
+    out: *mut u64,
+    n: u64,
+    bytes: u64,
+) {
+    if let Some(i) = tid(n) {
+        // SAFETY: forwarded contract.
+        let p = unsafe { carve_malloc(heap, bytes) };
         // SAFETY: i < n.
         unsafe { out.add(i).write(p as u64) };
     }

@@ -29,8 +29,15 @@ def test_stubs_cover_the_extension_module():
 def test_ptx_path_holds_the_heap_functions():
     path = pathlib.Path(carve.ptx_path())
     text = path.read_text()
-    for fn in ("carve_numba_slab_alloc", "carve_numba_slab_free", "carve_numba_bump_alloc"):
-        assert fn in text
+    for fn in (
+        "carve_numba_slab_alloc",
+        "carve_numba_slab_free",
+        "carve_numba_bump_alloc",
+        "carve_numba_bump_alloc_block",
+        "carve_numba_malloc",
+        "carve_numba_free",
+    ):
+        assert f"\n.visible .func  (.param .b32 func_retval0) {fn}(" in text, fn
     assert carve.ptx_path() == str(path)  # cached
 
 

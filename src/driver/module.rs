@@ -23,15 +23,17 @@ pub const TEST_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/carve_test.pt
 
 /// What [`PTX`] exports, and all it exports: the functions of `kernels/carve_heap.h` and their
 /// Numba-convention forms.
-pub const SHIPPED_SYMBOLS: [&str; 10] = [
+pub const SHIPPED_SYMBOLS: [&str; 12] = [
     "carve_slab_alloc",
     "carve_slab_free",
     "carve_bump_alloc",
+    "carve_bump_alloc_block",
     "carve_malloc",
     "carve_free",
     "carve_numba_slab_alloc",
     "carve_numba_slab_free",
     "carve_numba_bump_alloc",
+    "carve_numba_bump_alloc_block",
     "carve_numba_malloc",
     "carve_numba_free",
 ];

@@ -86,6 +86,11 @@ impl<'a> HeapKernels<'a> {
         general_malloc_bench => "carve_bench_general_malloc"(heap: u64, out: u64, n: u64, max: u64, seed: u32)
     );
     launcher!(
+        /// Benchmark: thread `i < n` allocates `bytes` (the same for every thread) from the
+        /// general heap at `heap` into `out[i]`, writing nothing into the block.
+        general_malloc_one_bench => "carve_bench_general_malloc_one"(heap: u64, out: u64, n: u64, bytes: u64)
+    );
+    launcher!(
         /// Benchmark: thread `i < n` frees `ptrs[i]` into the general heap at `heap`.
         general_free_bench => "carve_bench_general_free"(heap: u64, ptrs: u64, n: u64)
     );
@@ -101,6 +106,16 @@ impl<'a> HeapKernels<'a> {
     launcher!(
         /// As `bump_alloc`, keeping no pointer (benchmarks).
         bump_alloc_sink => "carve_heap_bump_alloc_sink"(heap: u64, n: u64, bytes: u64, align: u64, sink: u64)
+    );
+    launcher!(
+        /// Every thread calls `carve_bump_alloc_block` (one reservation per block) for `bytes`,
+        /// or with `mixed != 0` for `bytes × (1 + i % 5)` and nothing when `i % 7 == 3`;
+        /// thread `i < n` stores its pointer into `out[i]`.
+        bump_alloc_block => "carve_heap_bump_alloc_block"(heap: u64, out: u64, n: u64, bytes: u64, align: u64, mixed: u32)
+    );
+    launcher!(
+        /// As `bump_alloc_block` for one size, keeping no pointer (benchmarks).
+        bump_alloc_block_sink => "carve_heap_bump_alloc_block_sink"(heap: u64, n: u64, bytes: u64, align: u64, sink: u64)
     );
     launcher!(
         /// Thread `i` writes its pattern over the `bytes` at `ptrs[i]` (if not 0).

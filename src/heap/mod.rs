@@ -13,15 +13,44 @@
 //! - **Other processes** (Numba, CuPy) format heaps in their own memory with
 //!   [`ForeignHeapPlan`], or `carve heap-layout` from the command line.
 //! - **Growth** appends a segment and links it from the last one's `next`; blocks already handed
-//!   out never move.
+//!   out never move (see below).
+//!
+//! # Growth
+//!
+//! - A heap is a chain of segments. Kernels get the first segment's address
+//!   ([`DeviceHeap::device_ptr`]), which is fixed for the heap's life, and walk `next` to the
+//!   later segments when the earlier ones are full.
+//! - The host changes the chain only **between launches** (the methods take `&mut self` and must
+//!   not run while a kernel uses the heap): it appends a segment and links it from the last one's
+//!   `next` ([`DeviceHeap::grow`], [`DeviceHeap::ensure_free`], [`DeviceHeap::after_launch`]
+//!   with a [`GrowthPolicy`]), or unlinks segments that hold no allocation
+//!   ([`DeviceHeap::trim`]).
+//! - **Addresses never move.** A segment stays where it was placed until trim unlinks it, and
+//!   trim takes only segments with nothing allocated, never the first.
+//! - A [`DeviceHeap::growable`] heap's segments come from a private
+//!   [`VirtualMemoryResource`](crate::VirtualMemoryResource) that reserves address space for the
+//!   heap's maximum once, maps physical chunks as segments are added, and unmaps them on trim.
+//!   Growth past the maximum is an [`Error::OutOfMemory`].
+//! - A heap over a plain resource ([`DeviceHeap::slab`], [`DeviceHeap::bump`]) grows the same
+//!   way from that resource, bounded only by it, and trim gives segments back to it.
+//! - Segment sizes double (each new segment holds at least the capacity of all earlier ones), so
+//!   a heap that grew from `c` to `n × c` has about `log2(n) + 1` segments.
+//! - A growable general heap grows class by class ([`DeviceHeap::ensure_free_class`], or the
+//!   policy per class): each class has a stride of address space as large as the heap's maximum,
+//!   and its new segments are mapped inside it, so that the kernels still find a pointer's class
+//!   from its address. [`DeviceHeap::general`] heaps do not grow.
 
 #[cfg(feature = "cli")]
 pub mod cli;
 mod foreign;
+mod general_growth;
+mod growth;
 mod launch;
+mod mapped;
 mod stats;
 
 pub use foreign::ForeignHeapPlan;
+pub use growth::{GrowOptions, GrowthPolicy, GrowthReport, TrimReport};
 pub use launch::HeapKernels;
 pub use stats::HeapStats;
 
@@ -30,6 +59,7 @@ use std::ptr::NonNull;
 use carve_kernels::heap_layout::{self as layout, GeneralPlan, HeapHandle, RegionLayout};
 use cudarc::driver::{result, sys};
 
+use self::growth::Growth;
 use crate::driver::Stream;
 use crate::error::{Error, Result};
 use crate::resource::{MemoryResource, SharedResource, DEFAULT_ALIGNMENT};
@@ -72,11 +102,15 @@ struct Segment {
 pub struct DeviceHeap {
     kind: HeapKind,
     flags: u32,
-    resource: SharedResource,
+    /// Where segments come from; `None` for a growable general heap, whose memory its
+    /// [`Growth`] maps.
+    resource: Option<SharedResource>,
     stream: Stream,
     segments: Vec<Segment>,
     /// A general heap's plan (its one segment holds the header and every class).
     general: Option<Box<GeneralPlan>>,
+    /// Bound, policy and virtual range of growth; counters of trimmed segments.
+    growth: Growth,
 }
 
 // SAFETY: the heap owns its regions; the host touches them only through stream-ordered driver
@@ -126,10 +160,11 @@ impl DeviceHeap {
         let mut heap = DeviceHeap {
             kind: HeapKind::Slab { block_size },
             flags,
-            resource,
+            resource: Some(resource),
             stream: stream.clone(),
             segments: Vec::new(),
             general: None,
+            growth: Growth::plain(),
         };
         heap.check_resource()?;
         heap.push_segment(capacity)?;
@@ -141,10 +176,11 @@ impl DeviceHeap {
         let mut heap = DeviceHeap {
             kind: HeapKind::Bump,
             flags: 0,
-            resource,
+            resource: Some(resource),
             stream: stream.clone(),
             segments: Vec::new(),
             general: None,
+            growth: Growth::plain(),
         };
         heap.check_resource()?;
         heap.push_segment(capacity)?;
@@ -157,8 +193,8 @@ impl DeviceHeap {
     /// least 128 KiB), metadata included, so small classes hold many blocks and the 64 KiB class
     /// few: the region is `44 × bytes_per_class` plus 4 KiB. Requests of 0 bytes or above 64 KiB
     /// return null and count as failed allocations (whole-segment large requests come later).
-    /// Frees are checked, as for [`DeviceHeap::slab`]. A general heap does not
-    /// [`grow`](DeviceHeap::grow) yet.
+    /// Frees are checked, as for [`DeviceHeap::slab`]. This heap does not grow; one made with
+    /// [`DeviceHeap::growable`] and [`HeapKind::General`] grows class by class.
     pub fn general(
         resource: SharedResource,
         stream: &Stream,
@@ -170,10 +206,11 @@ impl DeviceHeap {
                 bytes_per_class: 1 << plan.stride_log2,
             },
             flags: layout::FLAG_CHECKED_FREES,
-            resource,
+            resource: Some(resource),
             stream: stream.clone(),
             segments: Vec::new(),
             general: Some(Box::new(plan)),
+            growth: Growth::plain(),
         };
         heap.check_resource()?;
         heap.push_general()?;
@@ -183,31 +220,15 @@ impl DeviceHeap {
     /// The statistics of each size class of a general heap, by class (kind
     /// [`HeapKind::Slab`] with the class's block size; one copy per class); empty for other
     /// heaps. Requests no class serves and frees outside every class are in [`DeviceHeap::stats`]
-    /// only.
+    /// only, as are the counters of class segments [`trim`](DeviceHeap::trim) removed. A class of
+    /// a growable general heap counts its whole chain.
     pub fn class_stats(&self) -> Result<Vec<HeapStats>> {
         let Some(plan) = &self.general else {
             return Ok(Vec::new());
         };
-        let seg = &self.segments[0];
-        let base = seg.ptr.as_ptr() as u64;
-        let mut out = Vec::with_capacity(plan.classes.len());
-        for (c, k) in plan.classes.iter().enumerate() {
-            let off = plan.class_offset(c);
-            let mut prefix = vec![0u8; k.layout.stats_end];
-            // The class segment lies inside the region, `off` bytes from its base.
-            let at = NonNull::new(seg.ptr.as_ptr().wrapping_add(off)).unwrap_or(seg.ptr);
-            self.copy_out(at, &mut prefix)?;
-            let h = plan.class_handle(c, base, self.flags);
-            out.push(HeapStats::parse(
-                HeapKind::Slab {
-                    block_size: k.block_size,
-                },
-                &h,
-                &k.layout,
-                &prefix,
-            ));
-        }
-        Ok(out)
+        (0..plan.classes.len())
+            .map(|c| self.class_stat(c))
+            .collect()
     }
 
     /// The heap's kind.
@@ -229,7 +250,7 @@ impl DeviceHeap {
 
     /// Total capacity over all segments: blocks (slab) or bytes (bump).
     pub fn capacity(&self) -> u64 {
-        self.segments.iter().map(|s| s.handle.capacity).sum()
+        self.segments.iter().map(|s| s.handle.capacity).sum::<u64>() + self.general_extra_capacity()
     }
 
     /// The stream the heap's formatting, statistics and release are ordered on.
@@ -239,7 +260,9 @@ impl DeviceHeap {
 
     /// Adds a segment of `capacity` more blocks (slab) or bytes (bump). Kernels launched after
     /// this (on the heap's stream, or synchronised with it) allocate from it once the earlier
-    /// segments are full. Must not run while a kernel uses the heap.
+    /// segments are full. Must not run while a kernel uses the heap. On a
+    /// [`growable`](DeviceHeap::growable) heap, a segment past the maximum is an
+    /// [`Error::OutOfMemory`]; [`ensure_free`](DeviceHeap::ensure_free) sizes segments itself.
     pub fn grow(&mut self, capacity: u64) -> Result<()> {
         if self.general.is_some() {
             return Err(Error::Unsupported(
@@ -257,23 +280,36 @@ impl DeviceHeap {
             self.copy_out(seg.ptr, &mut prefix)?;
             let mut total = HeapStats::parse(self.kind, &seg.handle, &seg.layout, &prefix);
             total.capacity = 0;
+            if let Some(retired) = self.growth.retired() {
+                total.add(&retired);
+            }
             for class in self.class_stats()? {
                 total.add(&class);
             }
             return Ok(total);
         }
-        let mut total = HeapStats::empty(self.kind);
+        let mut total = self
+            .growth
+            .retired()
+            .unwrap_or_else(|| HeapStats::empty(self.kind));
         for seg in &self.segments {
-            let mut prefix = vec![0u8; seg.layout.stats_end];
-            self.copy_out(seg.ptr, &mut prefix)?;
-            total.add(&HeapStats::parse(
-                self.kind,
-                &seg.handle,
-                &seg.layout,
-                &prefix,
-            ));
+            total.add(&self.segment_stat(seg)?);
         }
         Ok(total)
+    }
+
+    /// One segment's statistics (one copy; a class segment of a general heap reads as a slab).
+    fn segment_stat(&self, seg: &Segment) -> Result<HeapStats> {
+        let mut prefix = vec![0u8; seg.layout.stats_end];
+        self.copy_out(seg.ptr, &mut prefix)?;
+        let kind = match self.kind {
+            // A class segment of a growable general heap.
+            HeapKind::General { .. } => HeapKind::Slab {
+                block_size: seg.handle.block_size,
+            },
+            k => k,
+        };
+        Ok(HeapStats::parse(kind, &seg.handle, &seg.layout, &prefix))
     }
 
     /// Forgets every allocation: the bump arena starts over, a slab is empty again. Statistics
@@ -283,17 +319,25 @@ impl DeviceHeap {
             self.memset_meta(seg)?;
         }
         self.memset_classes()?;
+        self.growth.reset();
         self.stream.synchronize()
     }
 
     fn check_resource(&self) -> Result<()> {
-        if !self.resource.properties().device_accessible {
+        let r = self.resource()?;
+        if !r.properties().device_accessible {
             return Err(Error::InvalidArgument(format!(
-                "a device heap needs device-accessible memory; {:?} is not",
-                self.resource
+                "a device heap needs device-accessible memory; {r:?} is not"
             )));
         }
         Ok(())
+    }
+
+    /// The resource segments come from.
+    fn resource(&self) -> Result<&SharedResource> {
+        self.resource.as_ref().ok_or_else(|| {
+            Error::Unsupported("a growable general heap grows by class only".to_string())
+        })
     }
 
     fn push_segment(&mut self, capacity: u64) -> Result<()> {
@@ -309,6 +353,7 @@ impl DeviceHeap {
                 ))
             }
         };
+        self.check_budget(raw_len_of(region.total, self.kind)?)?;
         let (raw, raw_len, ptr) = self.reserve_region(region.total)?;
         let mut seg = Segment {
             ptr,
@@ -321,7 +366,7 @@ impl DeviceHeap {
         if let Err(e) = self.format(&seg) {
             // SAFETY: allocated just above with these arguments, never published.
             let undo = unsafe {
-                self.resource
+                self.resource()?
                     .deallocate(self.stream.as_ref(), raw, raw_len, DEFAULT_ALIGNMENT)
             };
             crate::deferred::record("DeviceHeap: undoing a segment", undo);
@@ -345,14 +390,9 @@ impl DeviceHeap {
     fn reserve_region(&self, total: usize) -> Result<(NonNull<u8>, usize, NonNull<u8>)> {
         self.stream.device().bind()?;
         let align = region_align(self.kind);
-        let raw_len = total
-            .checked_add(align - DEFAULT_ALIGNMENT)
-            .ok_or(Error::SizeOverflow {
-                bytes: total,
-                align,
-            })?;
+        let raw_len = raw_len_of(total, self.kind)?;
         let raw = self
-            .resource
+            .resource()?
             .allocate(self.stream.as_ref(), raw_len, DEFAULT_ALIGNMENT)?;
         let offset = (raw.as_ptr() as usize).next_multiple_of(align) - raw.as_ptr() as usize;
         // The resource honoured DEFAULT_ALIGNMENT, so offset <= align - DEFAULT_ALIGNMENT and
@@ -368,6 +408,19 @@ impl DeviceHeap {
             return Err(Error::InvalidArgument("not a general heap".to_string()));
         };
         let (raw, raw_len, ptr) = self.reserve_region(plan.total)?;
+        self.install_general(plan, ptr, raw, raw_len)
+    }
+
+    /// Formats a general heap of `plan` in the region at `ptr` (the resource block `raw`, or
+    /// mapped memory with `raw_len` 0), whose header and every class's first segment must be
+    /// backed.
+    fn install_general(
+        &mut self,
+        plan: GeneralPlan,
+        ptr: NonNull<u8>,
+        raw: NonNull<u8>,
+        raw_len: usize,
+    ) -> Result<()> {
         let base = ptr.as_ptr() as u64;
         let header = plan.header(base);
         let summary = HeapHandle {
@@ -414,6 +467,11 @@ impl DeviceHeap {
             // SAFETY: [counters, meta_end) of class `c`'s segment lies inside the region, which
             // we own.
             unsafe { self.zero(start, k.layout.meta_end - k.layout.counters) }?;
+        }
+        if let Some(g) = &self.growth.general {
+            for seg in g.classes.iter().flat_map(|c| &c.extra) {
+                self.memset_meta(seg)?;
+            }
         }
         Ok(())
     }
@@ -470,11 +528,15 @@ impl DeviceHeap {
 
 impl Drop for DeviceHeap {
     fn drop(&mut self) {
+        let Some(resource) = &self.resource else {
+            // A growable general heap: its `Growth` unmaps everything, after waiting.
+            return;
+        };
         for seg in self.segments.drain(..) {
             // SAFETY: each region came from this resource with these arguments, once; kernels
             // using it are ordered before the free on the heap's stream.
             let r = unsafe {
-                self.resource.deallocate(
+                resource.deallocate(
                     self.stream.as_ref(),
                     seg.raw,
                     seg.raw_len,
@@ -504,6 +566,17 @@ fn region_align(kind: HeapKind) -> usize {
         // Class segments start at multiples of 4096 from the base: blocks keep their alignment.
         HeapKind::General { .. } => (layout::MAX_BLOCK_ALIGN as usize).max(DEFAULT_ALIGNMENT),
     }
+}
+
+/// The resource block a region of `total` bytes takes: room to align its start.
+fn raw_len_of(total: usize, kind: HeapKind) -> Result<usize> {
+    let align = region_align(kind);
+    total
+        .checked_add(align - DEFAULT_ALIGNMENT)
+        .ok_or(Error::SizeOverflow {
+            bytes: total,
+            align,
+        })
 }
 
 /// A general heap's plan, or a clear error for 0 or too many bytes per class.
