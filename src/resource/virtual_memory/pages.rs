@@ -400,7 +400,8 @@ impl Placer for Pages {
         before.clear();
         before.push(0);
         let mut unmapped = 0;
-        for p in &self.pages[p0..known] {
+        // (A free block may start past the table: then nothing in it is mapped.)
+        for p in self.pages.get(p0..known).unwrap_or_default() {
             unmapped += u32::from(p.handle.is_none());
             before.push(unmapped);
         }
@@ -437,3 +438,7 @@ impl Placer for Pages {
         best
     }
 }
+
+#[cfg(test)]
+#[path = "pages_tests.rs"]
+mod tests;
