@@ -490,8 +490,8 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
             );
             return Err(self.out_of_memory(st, bytes, why));
         };
+        let (mut p, mut synced) = (p, false);
         let mut start = p.as_ptr() as usize;
-        let mut synced = false;
         if st.pages.free_count() > 0
             && st.pages.cost(start, start + size) > 0
             && st.core.others_hold_free(stream.id())
@@ -503,11 +503,11 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
             synced = true;
             st.core.merge_all();
             // The block just freed is free to any stream now, so something fits.
-            let Some(p) = st.core.take_placed(stream.id(), bytes, align, &st.pages) else {
+            let Some(q) = st.core.take_placed(stream.id(), bytes, align, &st.pages) else {
                 let why = "no free block after merging".to_owned();
                 return Err(self.out_of_memory(st, bytes, why));
             };
-            start = p.as_ptr() as usize;
+            (p, start) = (q, q.as_ptr() as usize);
         }
         if let Err(e) = st
             .pages
@@ -520,7 +520,7 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
                 e => e,
             });
         }
-        Ok(NonNull::new(start as *mut u8).expect("blocks lie in the reservation"))
+        Ok(p)
     }
 
     unsafe fn deallocate(
