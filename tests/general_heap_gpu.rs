@@ -112,3 +112,113 @@ fn bad_general_heaps_are_errors() {
     );
     assert!(matches!(heap.grow(1), Err(Error::Unsupported(_))));
 }
+
+/// The general heap under stress at 2^24 threads: mixed sizes (16 B to 4 KiB), lanes of a warp
+/// diverging between allocation, free and nothing, blocks freed by other warps in later
+/// launches (every round permutes which thread works on which slot), exhaustion at first and
+/// regrowth by the policy between launches. After every round: no block handed out twice (no
+/// two live ranges overlap), every live block's contents intact (checked as it is freed, and at
+/// the end), and the statistics exactly what the kernels saw.
+#[test]
+fn stress_2_24_threads_cross_warp_frees_exhaustion_and_regrowth() {
+    use carve::heap::GrowOptions;
+    const N: u64 = 1 << 24;
+    const SEED: u32 = 11;
+    let dev = carve::require_gpu!();
+    let stream = dev.new_stream().unwrap();
+    // Each class starts with one 2 MiB chunk: the first round exhausts most classes.
+    let kind = HeapKind::General {
+        bytes_per_class: 2 << 20,
+    };
+    let mut heap = DeviceHeap::growable(kind, &stream, GrowOptions::new(48 << 30, 1)).unwrap();
+    let k = HeapKernels::new(&stream);
+    let slots = DeviceVec::<u64>::zeroed(N as usize, &stream, cuda(&dev)).unwrap();
+    let sizes: Vec<u64> = (0..N).map(|j| test_request_size(j, SEED)).collect();
+    let (mut nulls, mut allocs, mut frees) = (0u64, 0u64, 0u64);
+    let mut failing_rounds = 0;
+    for round in 0..8u32 {
+        let counts = DeviceVec::<u32>::zeroed(4, &stream, cuda(&dev)).unwrap();
+        // An odd multiplier per round: slot j is handled by a different thread each time.
+        let mult = 0x9E37_79B9u64.wrapping_mul(2 * round as u64 + 1) | 1;
+        // SAFETY: `slots` holds N u64s of blocks this kernel allocated (or 0); counts is 4 u32s.
+        unsafe {
+            k.general_churn(
+                N,
+                heap.device_ptr(),
+                slots.as_ptr(),
+                N,
+                SEED,
+                round,
+                mult,
+                counts.as_ptr(),
+            )
+        }
+        .unwrap();
+        let c = counts.to_vec().unwrap();
+        assert_eq!(c[0], 0, "round {round}: a block's contents changed");
+        nulls += c[1] as u64;
+        allocs += c[2] as u64;
+        frees += c[3] as u64;
+        let live: Vec<(u64, u64)> = slots
+            .to_vec()
+            .unwrap()
+            .into_iter()
+            .enumerate()
+            .filter(|&(_, p)| p != 0)
+            .map(|(j, p)| (p, sizes[j]))
+            .collect();
+        assert_eq!(live.len() as u64, allocs - frees, "round {round}");
+        let mut sorted = live.clone();
+        sorted.sort_unstable();
+        for w in sorted.windows(2) {
+            assert!(w[0].0 + w[0].1 <= w[1].0, "round {round}: {w:x?} overlap");
+        }
+        let s = heap.stats().unwrap();
+        assert_eq!(
+            (s.in_use, s.failed_allocs, s.double_frees, s.foreign_frees),
+            (allocs - frees, nulls, 0, 0),
+            "round {round}: {s:?}"
+        );
+        let grew = match heap.after_launch() {
+            Ok(r) => format!(
+                "grew {} segments, {} MiB in {:?}",
+                r.segments_added,
+                r.bytes_added >> 20,
+                r.elapsed
+            ),
+            // At the maximum: the heap stays as it is, and says so.
+            Err(e @ Error::OutOfMemory { .. }) => format!("did not grow: {e}"),
+            Err(e) => panic!("round {round}: {e}"),
+        };
+        heap.check_invariants().unwrap();
+        eprintln!(
+            "round {round}: {} allocs, {} null, {} frees, {} live; {grew}",
+            c[2],
+            c[1],
+            c[3],
+            live.len(),
+        );
+        if round == 0 {
+            assert!(c[1] > 0, "the first round should exhaust the small classes");
+        }
+        if c[1] > 0 {
+            failing_rounds += 1;
+        }
+    }
+    assert!(failing_rounds < 8, "the heap never grew enough");
+    // Every block left is intact and goes back; the heap ends empty.
+    let bad = DeviceVec::<u32>::zeroed(1, &stream, cuda(&dev)).unwrap();
+    // SAFETY: slot j holds slot j's block (or 0), filled with test_request_size(j, SEED).
+    unsafe { k.general_check_free(N, heap.device_ptr(), slots.as_ptr(), N, SEED, bad.as_ptr()) }
+        .unwrap();
+    assert_eq!(bad.to_vec().unwrap()[0], 0);
+    let s = heap.stats().unwrap();
+    assert_eq!(
+        (s.in_use, s.double_frees, s.foreign_frees),
+        (0, 0, 0),
+        "{s:?}"
+    );
+    let t = heap.trim().unwrap();
+    eprintln!("trim: {t:?}");
+    heap.check_invariants().unwrap();
+}

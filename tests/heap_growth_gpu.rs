@@ -229,16 +229,16 @@ fn slab_growth_past_the_maximum_is_a_typed_error() {
         DeviceHeap::growable(kind, &stream, GrowOptions::new(0, 10)),
         Err(Error::ZeroSize)
     ));
-    assert!(matches!(
-        DeviceHeap::growable(
-            HeapKind::General {
-                bytes_per_class: 1 << 20
-            },
-            &stream,
-            GrowOptions::new(8 * MIB, 10)
-        ),
-        Err(Error::Unsupported(_))
-    ));
+    // A general heap's 44 first segments (2 MiB chunks each) do not fit 8 MiB.
+    let e = DeviceHeap::growable(
+        HeapKind::General {
+            bytes_per_class: 1 << 20,
+        },
+        &stream,
+        GrowOptions::new(8 * MIB, 10),
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
     assert!(matches!(
         DeviceHeap::growable(
             HeapKind::Slab { block_size: 24 },
@@ -376,7 +376,9 @@ fn general_classes_grow_inside_their_strides() {
     let dev = carve::require_gpu!();
     let stream = dev.new_stream().unwrap();
     let kind = HeapKind::General { bytes_per_class: 1 };
-    let mut heap = DeviceHeap::growable(kind, &stream, GrowOptions::new(512 * MIB, 1)).unwrap();
+    // Room for the mixed rounds below: classes grow by doubling, so they may map up to twice
+    // what they hold, in 2 MiB chunks.
+    let mut heap = DeviceHeap::growable(kind, &stream, GrowOptions::new(2048 * MIB, 1)).unwrap();
     let k = HeapKernels::new(&stream);
     let classes = heap.class_stats().unwrap();
     let nclasses = classes.len();
@@ -492,11 +494,20 @@ fn general_classes_grow_inside_their_strides() {
     let m = ptrs(&stream, &dev, n);
     let bad = DeviceVec::<u32>::zeroed(1, &stream, cuda(&dev)).unwrap();
     let mut failed_rounds = 0;
-    for round in 0..4 {
+    let mut last_failed = u64::MAX;
+    for round in 0..8 {
         // SAFETY: m holds n u64s.
         unsafe { k.general_malloc(n, heap.device_ptr(), m.as_ptr(), n, 5) }.unwrap();
         let got = live(&m).len() as u64;
+        let before: Vec<_> = heap.class_stats().unwrap();
         let r = heap.after_launch().unwrap();
+        let short: Vec<_> = before
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.failed_allocs > 0)
+            .map(|(c, s)| (c, s.capacity, s.in_use, s.failed_allocs))
+            .collect();
+        eprintln!("round {round}: (class, capacity, in use, failed so far) {short:?}");
         eprintln!("mixed round {round}: {got} of {n} served; {r:?}");
         // SAFETY: m holds what general_malloc wrote with this seed (0 where it failed).
         unsafe { k.general_check_free(n, heap.device_ptr(), m.as_ptr(), n, 5, bad.as_ptr()) }
@@ -504,9 +515,17 @@ fn general_classes_grow_inside_their_strides() {
         if got == n {
             break;
         }
+        // Each round's growth covers more of the demand (on the H100 the failures went
+        // 41,454 / 5,632 / 377 / 30 / 0).
+        assert!(
+            n - got < last_failed,
+            "round {round}: {} failed again",
+            n - got
+        );
+        last_failed = n - got;
         failed_rounds += 1;
     }
-    assert!(failed_rounds < 4, "the policy never caught up");
+    assert!(failed_rounds < 8, "the policy never caught up");
     assert_eq!(bad.to_vec().unwrap()[0], 0, "a pattern was overwritten");
     let s = heap.stats().unwrap();
     assert_eq!(

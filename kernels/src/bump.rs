@@ -17,7 +17,7 @@
 use crate::heap_layout::*;
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::spin_loop;
-use crate::warp::{rank_in, Warp};
+use crate::warp::{rank_in, Among, Warp};
 
 /// Granule of every reservation: all sizes are rounded up to it, and chunks start on it.
 pub const GRANULE: u64 = 16;
@@ -360,15 +360,26 @@ fn wrap_slot(s: u32, n: u32) -> u32 {
 /// `h` and every `next` handle must satisfy [`Bump::new`] for the duration of the call.
 #[inline(always)]
 pub unsafe fn chain_alloc<W: Warp>(h: &HeapHandle, warp: &W, bytes: u64, align: u64) -> *mut u8 {
+    let active = warp.active();
+    // SAFETY: the caller vouches for every segment.
+    let mut p = unsafe { Bump::new(h) }.alloc(warp, bytes, align, h.next == 0);
     let mut h = h;
-    loop {
-        let last = h.next == 0;
-        // SAFETY: the caller vouches for every segment.
-        let p = unsafe { Bump::new(h) }.alloc(warp, bytes, align, last);
-        if !p.is_null() || last {
-            return p;
+    while h.next != 0 {
+        // As in `slab::chain_alloc`: the lanes left without a block go on as a warp of their own.
+        let pending = warp.ballot(active, p.is_null());
+        if pending == 0 {
+            break;
         }
         // SAFETY: as above.
         h = unsafe { &*(h.next as *const HeapHandle) };
+        if p.is_null() {
+            let rest = Among {
+                warp,
+                mask: pending,
+            };
+            // SAFETY: as above; exactly the lanes of `pending` make this call.
+            p = unsafe { Bump::new(h) }.alloc(&rest, bytes, align, h.next == 0);
+        }
     }
+    p
 }

@@ -23,7 +23,7 @@ use crate::heap_layout::*;
 use crate::size_class::{class_of, NUM_CLASSES};
 use crate::slab;
 use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::warp::Warp;
+use crate::warp::{Among, Warp};
 
 /// The first 8 bytes of a formatted general header (`magic`, then `kind`).
 pub const GENERAL_TAG: u64 = HEAP_MAGIC as u64 | (KIND_GENERAL as u64) << 32;
@@ -90,55 +90,6 @@ impl GeneralHeader {
         // SAFETY: `counters` holds COUNTERS × COUNTER_SLOTS atomics.
         let a = unsafe { &*(self.counters as *const AtomicU64).add(i) };
         a.fetch_add(n as u64, Ordering::Relaxed);
-    }
-}
-
-/// The lanes of `mask` of `warp`, as a warp of their own: `active()` is `mask`. Every lane of
-/// `mask`, and no other, must make each call.
-#[derive(Clone, Copy, Debug)]
-pub struct Among<'w, W> {
-    /// The whole warp.
-    pub warp: &'w W,
-    /// The lanes taking part.
-    pub mask: u32,
-}
-
-impl<W: Warp> Warp for Among<'_, W> {
-    #[inline(always)]
-    fn active(&self) -> u32 {
-        self.mask
-    }
-    #[inline(always)]
-    fn lane(&self) -> u32 {
-        self.warp.lane()
-    }
-    #[inline(always)]
-    fn shfl(&self, mask: u32, v: u32, src: u32) -> u32 {
-        self.warp.shfl(mask, v, src)
-    }
-    #[inline(always)]
-    fn match_any(&self, mask: u32, v: u64) -> u32 {
-        self.warp.match_any(mask, v)
-    }
-    #[inline(always)]
-    fn match_all(&self, mask: u32, v: u64) -> bool {
-        self.warp.match_all(mask, v)
-    }
-    #[inline(always)]
-    fn ballot(&self, mask: u32, pred: bool) -> u32 {
-        self.warp.ballot(mask, pred)
-    }
-    #[inline(always)]
-    fn slot_hint(&self) -> u32 {
-        self.warp.slot_hint()
-    }
-    #[inline(always)]
-    fn fetch_or_acquire(&self, a: &AtomicU64, v: u64) -> u64 {
-        self.warp.fetch_or_acquire(a, v)
-    }
-    #[inline(always)]
-    fn fetch_and_release(&self, a: &AtomicU64, v: u64) -> u64 {
-        self.warp.fetch_and_release(a, v)
     }
 }
 

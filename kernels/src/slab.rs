@@ -33,7 +33,7 @@
 
 use crate::heap_layout::*;
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use crate::warp::{lowest_set_bits, nth_set_bit, rank_in, Warp};
+use crate::warp::{lowest_set_bits, nth_set_bit, rank_in, Among, Warp};
 
 /// A view of one formatted slab segment.
 #[derive(Clone, Copy, Debug)]
@@ -608,17 +608,29 @@ pub fn warp_hint(warp: u32, cap: u64) -> u64 {
 /// `h` and every `next` handle must satisfy [`Slab::new`] for the duration of the call.
 #[inline(always)]
 pub unsafe fn chain_alloc<W: Warp>(h: &HeapHandle, warp: &W, hint: u64) -> *mut u8 {
+    let active = warp.active();
+    // SAFETY: the caller vouches for every segment of the chain.
+    let mut p = unsafe { Slab::new(h) }.alloc(warp, hint, h.next == 0);
     let mut h = h;
-    loop {
-        let last = h.next == 0;
-        // SAFETY: the caller vouches for every segment of the chain.
-        let p = unsafe { Slab::new(h) }.alloc(warp, hint, last);
-        if !p.is_null() || last {
-            return p;
+    while h.next != 0 {
+        // The lanes a segment left without a block go on to the next as a warp of their own:
+        // `warp` may name a fixed set of lanes (`Among`), and the served ones take no part.
+        let pending = warp.ballot(active, p.is_null());
+        if pending == 0 {
+            break;
         }
         // SAFETY: as above; `next` is a handle of the chain.
         h = unsafe { &*(h.next as *const HeapHandle) };
+        if p.is_null() {
+            let rest = Among {
+                warp,
+                mask: pending,
+            };
+            // SAFETY: as above; exactly the lanes of `pending` make this call.
+            p = unsafe { Slab::new(h) }.alloc(&rest, hint, h.next == 0);
+        }
     }
+    p
 }
 
 /// Frees `ptr` into whichever segment of the chain at `h` holds it; counts it as foreign if none.

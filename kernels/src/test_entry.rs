@@ -358,6 +358,67 @@ pub unsafe extern "ptx-kernel" fn carve_test_general_check_free(
     }
 }
 
+/// One round of the general heap's stress test. Thread `i` works on slot `j = i × mult mod n`
+/// (`n` a power of two, `mult` odd: a permutation that the host changes every round, so a block
+/// is freed by another warp, in another launch, than the one that allocated it). When
+/// `hash(j) + round` is even the slot toggles: a held block is checked against slot `j`'s
+/// pattern and freed, an empty slot allocates [`test_request_size`]`(j, seed)` bytes and fills
+/// them. So a warp's lanes diverge, ask different sizes, and free and allocate at once.
+/// `counts`: mismatched patterns, null allocations, allocations, frees.
+///
+/// # Safety
+/// As for [`carve_test_general_malloc`] and [`carve_test_general_check_free`]; `counts` holds
+/// four `u32`s.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn carve_test_general_churn(
+    heap: *const GeneralHeader,
+    ptrs: *mut u64,
+    n: u64,
+    seed: u32,
+    round: u32,
+    mult: u64,
+    counts: *mut u32,
+) {
+    let Some(i) = tid(n) else { return };
+    let j = (i as u64).wrapping_mul(mult) & (n - 1);
+    let bytes = test_request_size(j, seed);
+    if (bytes / 4 + round as u64) & 1 != 0 {
+        return;
+    }
+    let count = |k: usize| {
+        // SAFETY: `counts` holds four u32s in device memory.
+        unsafe { &*(counts.add(k) as *const AtomicU32) }.fetch_add(1, Ordering::Relaxed);
+    };
+    // SAFETY: j < n, and only this thread touches slot j in this launch.
+    let slot = unsafe { ptrs.add(j as usize) };
+    // SAFETY: as above.
+    let p = unsafe { slot.read() } as *mut u8;
+    if !p.is_null() {
+        // SAFETY: slot j's block, filled for slot j.
+        if !unsafe { intact(p as *const u32, j as usize, bytes) } {
+            count(0);
+        }
+        // SAFETY: the block leaves slot j here and is not used after.
+        unsafe {
+            carve_free(heap, p);
+            slot.write(0);
+        }
+        count(3);
+    } else {
+        // SAFETY: forwarded contract.
+        let q = unsafe { carve_malloc(heap, bytes) };
+        if q.is_null() {
+            count(1);
+        } else {
+            // SAFETY: the block is slot j's, at least `bytes` long.
+            unsafe { fill(q as *mut u32, j as usize, bytes) };
+            count(2);
+        }
+        // SAFETY: as above.
+        unsafe { slot.write(q as u64) };
+    }
+}
+
 /// One round of mixed traffic: thread `i` whose `(hash(i) + round)` is even checks and frees
 /// its block if it holds one, and otherwise allocates and fills one; so frees and allocations of
 /// different threads race in one launch. Pattern mismatches are counted into `bad[0]`.

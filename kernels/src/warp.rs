@@ -76,6 +76,55 @@ pub trait Warp {
     }
 }
 
+/// The lanes of `mask` of `warp`, as a warp of their own: `active()` is `mask`. Every lane of
+/// `mask`, and no other, must make each call.
+#[derive(Clone, Copy, Debug)]
+pub struct Among<'w, W> {
+    /// The whole warp.
+    pub warp: &'w W,
+    /// The lanes taking part.
+    pub mask: u32,
+}
+
+impl<W: Warp> Warp for Among<'_, W> {
+    #[inline(always)]
+    fn active(&self) -> u32 {
+        self.mask
+    }
+    #[inline(always)]
+    fn lane(&self) -> u32 {
+        self.warp.lane()
+    }
+    #[inline(always)]
+    fn shfl(&self, mask: u32, v: u32, src: u32) -> u32 {
+        self.warp.shfl(mask, v, src)
+    }
+    #[inline(always)]
+    fn match_any(&self, mask: u32, v: u64) -> u32 {
+        self.warp.match_any(mask, v)
+    }
+    #[inline(always)]
+    fn match_all(&self, mask: u32, v: u64) -> bool {
+        self.warp.match_all(mask, v)
+    }
+    #[inline(always)]
+    fn ballot(&self, mask: u32, pred: bool) -> u32 {
+        self.warp.ballot(mask, pred)
+    }
+    #[inline(always)]
+    fn slot_hint(&self) -> u32 {
+        self.warp.slot_hint()
+    }
+    #[inline(always)]
+    fn fetch_or_acquire(&self, a: &AtomicU64, v: u64) -> u64 {
+        self.warp.fetch_or_acquire(a, v)
+    }
+    #[inline(always)]
+    fn fetch_and_release(&self, a: &AtomicU64, v: u64) -> u64 {
+        self.warp.fetch_and_release(a, v)
+    }
+}
+
 /// A warp of one lane: the host build's stand-in, where each thread is its own warp leader.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SoloLane {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use carve_kernels::heap_layout::*;
 use carve_kernels::slab::{self, Slab};
-use carve_kernels::warp::Warp;
+use carve_kernels::warp::{Among, Warp};
 use support::lockstep::{self, Lane};
 use support::HostHeap;
 
@@ -474,4 +474,59 @@ fn check_two_segments(a: &HostHeap, b: &HostHeap, got: &[Vec<u64>], freed: (u64,
         0
     );
     assert_eq!(a.counter(COUNTER_FOREIGN_FREES), 0);
+}
+
+/// A fixed set of lanes (`Among`, as the general heap's class groups call) that the first
+/// segment serves only in part: the rest go on to the next segment as a warp of their own.
+/// (Before they did, they ran the next segment's collectives under the whole group's mask, with
+/// the served lanes gone and its leader among them: every one of them got null.)
+#[test]
+fn a_fixed_group_runs_on_through_the_chain() {
+    let a = HostHeap::slab(20, 16, None, FLAG_CHECKED_FREES);
+    let b = HostHeap::slab(48, 16, None, FLAG_CHECKED_FREES);
+    let head = chain(&a, &b);
+    for (bump_a, bump_b, bump) in [(None, None, false), (Some(20 * 16), Some(48 * 16), true)] {
+        let (ba, bb) = (
+            HostHeap::bump(bump_a.unwrap_or(16), 0, 0),
+            HostHeap::bump(bump_b.unwrap_or(16), 0, 0),
+        );
+        let bump_head = chain(&ba, &bb);
+        let got = lockstep::run(32, 0, |w| {
+            let group = Among {
+                warp: w,
+                mask: w.active(),
+            };
+            // SAFETY: formatted host chains; every lane of the group calls.
+            let p = unsafe {
+                if bump {
+                    carve_kernels::bump::chain_alloc(&bump_head, &group, 16, 16)
+                } else {
+                    slab::chain_alloc(&head, &group, 0)
+                }
+            };
+            p as u64
+        });
+        assert!(got.iter().all(|&p| p != 0), "bump {bump}: {got:x?}");
+        let mut all = got.clone();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 32, "no block twice");
+        let (first, second) = if bump { (&ba, &bb) } else { (&a, &b) };
+        let in_first = got
+            .iter()
+            .filter(|&&p| p >= first.data_start() && p < first.data_start() + 20 * 16)
+            .count();
+        if bump {
+            // A warp's reservation is whole: 512 bytes do not fit the first arena's 320.
+            assert_eq!(in_first, 0);
+            assert_eq!(second.bump_offset(), 32 * 16);
+        } else {
+            assert_eq!(in_first, 20);
+        }
+        assert_eq!(first.counter(COUNTER_FAILED_ALLOCS), 0);
+        assert_eq!(second.counter(COUNTER_FAILED_ALLOCS), 0);
+        if !bump {
+            assert_eq!((a.bits_set(), b.bits_set()), (20, 12));
+        }
+    }
 }

@@ -81,6 +81,12 @@ impl<'a> HeapKernels<'a> {
         general_check_free => "carve_test_general_check_free"(heap: u64, ptrs: u64, n: u64, seed: u32, bad: u64)
     );
     launcher!(
+        /// One round of the general heap's stress test (see `carve_test_general_churn`): thread
+        /// `i` toggles slot `i × mult mod n` (allocate and fill, or check and free); `counts`
+        /// gets mismatches, nulls, allocations and frees.
+        general_churn => "carve_test_general_churn"(heap: u64, ptrs: u64, n: u64, seed: u32, round: u32, mult: u64, counts: u64)
+    );
+    launcher!(
         /// Benchmark: thread `i < n` allocates a hashed size over `16..=max` bytes from the
         /// general heap at `heap` into `out[i]`, writing nothing into the block.
         general_malloc_bench => "carve_bench_general_malloc"(heap: u64, out: u64, n: u64, max: u64, seed: u32)
