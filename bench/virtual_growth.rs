@@ -128,13 +128,15 @@ pub fn calls(quick: bool) -> carve::Result<Table> {
         let mut cols: [Vec<f64>; 6] = Default::default();
         for _ in 0..reps {
             let (h, create) = timed(|| b.create(bytes))?;
-            // SAFETY: `[va, va + bytes)` is our reservation with nothing mapped, `h` a live chunk
-            // of `bytes`; nothing but these calls touches the range, and it is unmapped (device
-            // idle: nothing ever used it) before the chunk is released.
+            // SAFETY: `[va, va + bytes)` is our reservation with nothing mapped; `h` is a live
+            // chunk of `bytes`.
             let ((), map) = timed(|| unsafe { b.map(va, bytes, h) })?;
+            // SAFETY: the whole range was mapped just above.
             let ((), access) = timed(|| unsafe { b.set_access(va, bytes) })?;
             let ((), sync) = timed(|| dev.synchronize())?;
+            // SAFETY: exactly the mapping made above; nothing ever used it.
             let ((), unmap) = timed(|| unsafe { b.unmap(va, bytes) })?;
+            // SAFETY: `h` came from `create(bytes)`, is mapped nowhere now and not used again.
             let ((), release) = timed(|| unsafe { b.release(h, bytes) })?;
             for (c, us) in cols
                 .iter_mut()
@@ -167,10 +169,10 @@ pub fn calls(quick: bool) -> carve::Result<Table> {
         let ((), access) = timed(|| unsafe { b.set_access(va, n * page) })?;
         let ((), sync) = timed(|| dev.synchronize())?;
         for (i, &h) in handles.iter().enumerate() {
-            // SAFETY: each page was mapped once above with exactly this range; nothing used it;
-            // its chunk is released once unmapped.
+            // SAFETY: page `i` was mapped once above with exactly this range; nothing used it.
             let ((), us) = timed(|| unsafe { b.unmap(va + i * page, page) })?;
             unmap += us;
+            // SAFETY: `h` came from `create(page)`, is mapped nowhere now and not used again.
             let ((), us) = timed(|| unsafe { b.release(h, page) })?;
             release += us;
         }
