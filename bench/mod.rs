@@ -68,7 +68,10 @@ pub fn run(args: &BenchArgs) -> carve::Result<()> {
             Workload::RandomAllocations => random_allocations::run(args.quick)?,
             Workload::DeviceAlloc => device_alloc::run(args.quick)?,
             Workload::TraceReplay => trace_replay::run(args.quick)?,
-            Workload::VirtualGrowth => vec![virtual_growth::run(args.quick)?],
+            Workload::VirtualGrowth => vec![
+                virtual_growth::run(args.quick)?,
+                virtual_growth::calls(args.quick)?,
+            ],
         };
         for t in &tables {
             t.print();

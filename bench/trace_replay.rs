@@ -103,11 +103,16 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
             per_op.sort_by(f64::total_cmp);
             let report = last.expect("at least one repetition");
             let reserved = report.peak_reserved.unwrap_or(0);
+            let label = match pages {
+                Some(p) => format!("{kind} ({} MiB pages)", p >> 20),
+                None => kind.to_string(),
+            };
+            // Chunk and driver-call counts (virtual, expandable): where the time went.
+            if let Some(notes) = &report.resource_notes {
+                table.note(format!("{label}, last replay: {notes}"));
+            }
             table.row(vec![
-                match pages {
-                    Some(p) => format!("{kind} ({} MiB pages)", p >> 20),
-                    None => kind.to_string(),
-                },
+                label,
                 ns(per_op[per_op.len() / 2]),
                 format!("{:.1}", reserved as f64 / (1 << 20) as f64),
                 format!("{:.3}×", reserved as f64 / report.peak_bytes.max(1) as f64),

@@ -78,6 +78,54 @@ fn virtual_resource_maps_grows_in_place_and_trims() {
     assert_eq!(r.stats().mapped, 0);
 }
 
+/// A block goes where its pages are still mapped, inside a free block whose start was trimmed:
+/// no driver call, and every live block keeps its contents; the trimmed start maps again.
+#[test]
+fn expandable_blocks_land_on_mapped_pages_first() {
+    let dev = require_gpu!();
+    let s = dev.new_stream().unwrap();
+    let r = VirtualMemoryResource::on_device(
+        &dev,
+        CudaBackingOptions::default(),
+        VirtualOptions::expandable().maximum(64 * MIB),
+    )
+    .unwrap();
+    let page = r.stats().chunk_size;
+    let two = 2 * page;
+    let take = |bytes: usize| r.allocate(s.as_ref(), bytes, 256).unwrap().as_ptr() as usize;
+    let (a, b, guard) = (take(two), take(two), take(page));
+    for (i, &p) in [a, b].iter().enumerate() {
+        fill(&dev, &s, p, two / 4, i as u32);
+    }
+    fill(&dev, &s, guard, page / 4, 7);
+    free(&r, &s, a, two);
+    r.trim().unwrap();
+    free(&r, &s, b, two);
+    let before = r.stats();
+    let x = take(two);
+    assert_eq!(x, b, "the mapped end of the free block");
+    let st = r.stats();
+    assert_eq!(
+        (st.chunks_created, st.chunks_moved),
+        (before.chunks_created, 0),
+        "{st:?}"
+    );
+    assert_eq!(st.maps, before.maps, "no driver call: {st:?}");
+    fill(&dev, &s, x, two / 4, 11);
+    let y = take(two);
+    assert_eq!(y, a, "the trimmed start maps again");
+    fill(&dev, &s, y, two / 4, 12);
+    check(&s, x, two / 4, 11, "block on mapped pages");
+    check(&s, y, two / 4, 12, "block on pages mapped again");
+    check(&s, guard, page / 4, 7, "live neighbour");
+    r.check_invariants().unwrap();
+    for (p, bytes) in [(x, two), (y, two), (guard, page)] {
+        free(&r, &s, p, bytes);
+    }
+    r.trim().unwrap();
+    assert_eq!(r.stats().mapped, 0);
+}
+
 /// Scattered free pages move to serve a large request; live blocks keep their contents.
 #[test]
 fn expandable_pool_moves_free_pages_and_keeps_live_data() {
@@ -110,6 +158,24 @@ fn expandable_pool_moves_free_pages_and_keeps_live_data() {
     let st = r.stats();
     assert!(st.large.chunks_moved >= (count / 2) as u64, "{st:?}");
     assert!(st.peak_physical <= 512 * MIB, "{st:?}");
+    // The driver calls the replay report prints, counted by the backing and by each range.
+    let (sm, lg) = (st.small, st.large);
+    assert_eq!(
+        st.calls.creates,
+        sm.chunks_created + lg.chunks_created,
+        "{st:?}"
+    );
+    assert_eq!(st.calls.maps, sm.maps + lg.maps, "{st:?}");
+    assert_eq!(lg.maps, lg.chunks_created + lg.chunks_moved, "{st:?}");
+    assert_eq!(
+        st.calls.unmaps,
+        lg.chunks_moved + lg.chunks_released,
+        "{st:?}"
+    );
+    assert!(
+        lg.synchronizations >= 1,
+        "a move waits for the device: {st:?}"
+    );
     check(&s, big, big_bytes / 4, 99, "moved pages");
     for (i, &p) in blocks.iter().enumerate().skip(1).step_by(2) {
         check(&s, p, page / 4, i as u32, "live block");

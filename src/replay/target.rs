@@ -338,15 +338,23 @@ fn expandable_resource<B: PhysicalBacking>(r: ExpandableMemoryResource<B>) -> Pr
         upstream: None,
         notes: Some(Box::new(move || {
             let s = notes.stats();
+            let c = s.calls;
             format!(
                 "chunks: small range ({} MiB) {} created, {} moved; large range ({} MiB) {} \
-                 created, {} moved",
+                 created, {} moved; driver calls: {} create, {} map, {} set_access, {} unmap, \
+                 {} release, {} device synchronisation(s)",
                 s.small.chunk_size >> 20,
                 s.small.chunks_created,
                 s.small.chunks_moved,
                 s.large.chunk_size >> 20,
                 s.large.chunks_created,
-                s.large.chunks_moved
+                s.large.chunks_moved,
+                c.creates,
+                c.maps,
+                c.access_grants,
+                c.unmaps,
+                c.releases,
+                s.small.synchronizations + s.large.synchronizations
             )
         })),
         // Free pages of either range can be released and mapped again where needed.
@@ -369,10 +377,15 @@ fn virtual_resource<B: PhysicalBacking>(r: VirtualMemoryResource<B>) -> Probes {
         notes: Some(Box::new(move || {
             let s = notes.stats();
             format!(
-                "chunks of {} MiB: {} created, {} moved",
+                "chunks of {} MiB: {} created, {} moved; driver calls: {} map, {} set_access, {} \
+                 unmap, {} device synchronisation(s)",
                 s.chunk_size >> 20,
                 s.chunks_created,
-                s.chunks_moved
+                s.chunks_moved,
+                s.maps,
+                s.access_grants,
+                s.unmaps,
+                s.synchronizations
             )
         })),
     }

@@ -28,7 +28,10 @@ use crate::resource::{align_up, DEFAULT_ALIGNMENT};
 use crate::stream::{StreamId, StreamRef};
 
 use super::super::stream_order::MARK_EVERY;
+
+mod placed;
 use super::super::StreamOrder;
+pub(crate) use placed::{allocate_placed, Placer};
 
 /// Every block is a multiple of this, at an address aligned to it.
 pub(crate) const GRAIN: usize = DEFAULT_ALIGNMENT;
@@ -484,13 +487,21 @@ impl PoolCore {
     /// Makes a live block of `size` bytes at `align` out of free `node` (which fits); the
     /// padding and the tail stay free in the node's bin.
     fn carve(&mut self, node: u32, size: usize, align: usize, bytes: usize) -> NonNull<u8> {
+        let addr = self.nodes[node as usize].addr;
+        let start = align_up(addr, align).expect("the block fits, so this does not overflow");
+        self.carve_at(node, start, size, bytes)
+    }
+
+    /// Makes a live block of `size` bytes at `start` (a GRAIN multiple) out of free `node`,
+    /// which holds `[start, start + size)`; the free bytes either side stay in the node's bin.
+    fn carve_at(&mut self, node: u32, start: usize, size: usize, bytes: usize) -> NonNull<u8> {
         let bin = self.nodes[node as usize].bin;
         self.unfile(node);
         let Node {
             addr, size: total, ..
         } = self.nodes[node as usize];
         let end = addr + total;
-        let start = align_up(addr, align).expect("the block fits, so this does not overflow");
+        debug_assert!(start >= addr && start % GRAIN == 0 && start + size <= end);
         let mut live = node;
         if start > addr {
             self.nodes[node as usize].size = start - addr;
@@ -764,31 +775,7 @@ pub(crate) fn allocate_from(
     align: usize,
     reach: Reach,
 ) -> Result<Option<NonNull<u8>>> {
-    let id = stream.id();
-    if let Some(p) = core.take(id, bytes, align) {
-        return Ok(Some(p));
-    }
-    // Marks are worth their driver call only while other streams' blocks could help.
-    if core.others_hold_free(id) {
-        core.note_demand();
-    }
-    if let Some((victim, node)) = core.sealed_fit_elsewhere(id, bytes, align) {
-        order.wait_for_mark(stream, victim)?;
-        core.adopt(node, id);
-        if let Some(p) = core.take(id, bytes, align) {
-            return Ok(Some(p));
-        }
-    }
-    let needed = footprint(bytes, align).map_or(usize::MAX, |f| f.1);
-    if reach == Reach::Synchronize
-        && core.others_hold_free(id)
-        && core.pool_size() - core.in_use() >= needed
-    {
-        order.synchronize_all()?;
-        core.merge_all();
-        return Ok(core.take(id, bytes, align));
-    }
-    Ok(None)
+    allocate_placed(core, order, stream, bytes, align, reach, None)
 }
 
 /// Frees a block into `core`, sealing `stream`'s fresh blocks when a mark is due (or at once

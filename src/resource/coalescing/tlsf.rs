@@ -151,6 +151,40 @@ impl Tlsf {
         best.map(|(_, n)| n)
     }
 
+    /// Appends to `out` up to `limit` filed blocks of at least `units` grains, smallest
+    /// classes first (list walks: for searches that weigh more than size, off the hot path).
+    pub fn fitting(
+        &self,
+        links: &mut impl FreeLinks,
+        units: usize,
+        limit: usize,
+        out: &mut Vec<u32>,
+    ) {
+        let (f0, s0) = class_of(units);
+        let mut taken = 0;
+        for f in f0..FL {
+            let mut map = self.sl_map[f];
+            if f == f0 {
+                map &= (!0u32).checked_shl(s0 as u32).unwrap_or(0);
+            }
+            while map != 0 {
+                let s = map.trailing_zeros() as usize;
+                map &= map - 1;
+                let mut at = self.heads[f * SL + s];
+                while at != NIL {
+                    if taken == limit {
+                        return;
+                    }
+                    if links.units(at) >= units {
+                        out.push(at);
+                        taken += 1;
+                    }
+                    at = links.link(at).1;
+                }
+            }
+        }
+    }
+
     /// The largest filed block's grains (walks the top class only).
     pub fn largest(&self, links: &mut impl FreeLinks) -> usize {
         if self.fl_map == 0 {
@@ -281,6 +315,18 @@ mod tests {
         assert!(nodes.units(n) >= 34);
         assert_eq!(t.find(4 << 20), None);
         assert_eq!(t.find_in_class(&mut nodes, 1000), Some(6));
+        let mut fit = vec![];
+        t.fitting(&mut nodes, 33, usize::MAX, &mut fit);
+        fit.sort_unstable();
+        assert_eq!(
+            fit,
+            vec![4, 5, 6, 7, 8],
+            "every block of at least 33 grains"
+        );
+        fit.clear();
+        t.fitting(&mut nodes, 33, 2, &mut fit);
+        assert_eq!(fit.len(), 2);
+        assert!(fit.iter().all(|&n| nodes.units(n) >= 33));
         for i in 0..sizes.len() as u32 {
             t.remove(&mut nodes, i);
             t.check(&mut nodes).unwrap();

@@ -1,20 +1,32 @@
-//! [`CountingBacking`]: a backing that counts the physical bytes in its chunks, and bounds them.
+//! [`CountingBacking`]: a backing that counts the physical bytes in its chunks, and bounds them,
+//! and counts the driver calls made through it.
 
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 use super::backing::{PhysicalBacking, PhysicalHandle};
+use super::simulated::BackingCounters;
 use crate::error::{Error, Result};
-use crate::resource::Properties;
+use crate::resource::{Properties, StreamOrder};
+use crate::stream::{StreamId, StreamRef};
 
 /// A backing that counts the physical bytes in chunks (created and not released) and their
-/// peak, for resources that share one backing.
+/// peak, for resources that share one backing, and the calls that succeeded (so a replay can
+/// say where its time went).
 #[derive(Debug)]
 pub struct CountingBacking<B> {
     inner: B,
     limit: usize,
     physical: AtomicUsize,
     peak: AtomicUsize,
+    /// Successful creates, releases, maps, unmaps and access grants.
+    calls: [AtomicU64; 5],
 }
+
+const CREATE: usize = 0;
+const RELEASE: usize = 1;
+const MAP: usize = 2;
+const UNMAP: usize = 3;
+const ACCESS: usize = 4;
 
 impl<B: PhysicalBacking> CountingBacking<B> {
     /// Counts `inner`'s chunks, refusing to create more than `limit` bytes of them.
@@ -24,7 +36,24 @@ impl<B: PhysicalBacking> CountingBacking<B> {
             limit,
             physical: 0.into(),
             peak: 0.into(),
+            calls: Default::default(),
         }
+    }
+    /// Calls that succeeded so far, and physical bytes in chunks.
+    pub fn counters(&self) -> BackingCounters {
+        let n = |i: usize| self.calls[i].load(Relaxed);
+        BackingCounters {
+            creates: n(CREATE),
+            releases: n(RELEASE),
+            maps: n(MAP),
+            unmaps: n(UNMAP),
+            access_grants: n(ACCESS),
+            physical: self.physical(),
+            peak_physical: self.peak_physical(),
+        }
+    }
+    fn count(&self, call: usize) {
+        self.calls[call].fetch_add(1, Relaxed);
     }
     /// The backing counted.
     pub fn inner(&self) -> &B {
@@ -76,6 +105,7 @@ unsafe impl<B: PhysicalBacking> PhysicalBacking for CountingBacking<B> {
         match created {
             Ok(h) => {
                 self.peak.fetch_max(now, Relaxed);
+                self.count(CREATE);
                 Ok(h)
             }
             Err(e) => {
@@ -88,22 +118,66 @@ unsafe impl<B: PhysicalBacking> PhysicalBacking for CountingBacking<B> {
         // SAFETY: forwarded caller contract.
         unsafe { self.inner.release(handle, size)? };
         self.physical.fetch_sub(size, Relaxed);
+        self.count(RELEASE);
         Ok(())
     }
     unsafe fn map(&self, va: usize, size: usize, handle: PhysicalHandle) -> Result<()> {
         // SAFETY: forwarded caller contract.
-        unsafe { self.inner.map(va, size, handle) }
+        unsafe { self.inner.map(va, size, handle)? };
+        self.count(MAP);
+        Ok(())
     }
     unsafe fn set_access(&self, va: usize, size: usize) -> Result<()> {
         // SAFETY: forwarded caller contract.
-        unsafe { self.inner.set_access(va, size) }
+        unsafe { self.inner.set_access(va, size)? };
+        self.count(ACCESS);
+        Ok(())
     }
     unsafe fn unmap(&self, va: usize, size: usize) -> Result<()> {
         // SAFETY: forwarded caller contract.
-        unsafe { self.inner.unmap(va, size) }
+        unsafe { self.inner.unmap(va, size)? };
+        self.count(UNMAP);
+        Ok(())
     }
     #[cfg(unix)]
     fn export_fd(&self, handle: PhysicalHandle) -> Result<std::os::fd::OwnedFd> {
         self.inner.export_fd(handle)
+    }
+}
+
+/// A resource's stream order, counting its device-wide synchronisations (the costly call).
+#[derive(Debug)]
+pub(crate) struct SyncCounter {
+    inner: std::sync::Arc<dyn StreamOrder>,
+    syncs: AtomicU64,
+}
+
+impl SyncCounter {
+    pub fn new(inner: std::sync::Arc<dyn StreamOrder>) -> Self {
+        SyncCounter {
+            inner,
+            syncs: 0.into(),
+        }
+    }
+    /// Successful [`StreamOrder::synchronize_all`] calls so far.
+    pub fn syncs(&self) -> u64 {
+        self.syncs.load(Relaxed)
+    }
+}
+
+impl StreamOrder for SyncCounter {
+    fn mark(&self, stream: StreamRef<'_>) -> Result<()> {
+        self.inner.mark(stream)
+    }
+    fn wait_for_mark(&self, waiter: StreamRef<'_>, signaller: StreamId) -> Result<()> {
+        self.inner.wait_for_mark(waiter, signaller)
+    }
+    fn synchronize_all(&self) -> Result<()> {
+        self.inner.synchronize_all()?;
+        self.syncs.fetch_add(1, Relaxed);
+        Ok(())
+    }
+    fn synchronize(&self, stream: StreamRef<'_>) -> Result<()> {
+        self.inner.synchronize(stream)
     }
 }

@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::cuda_backing::{CudaBacking, CudaBackingOptions};
-use super::{CountingBacking, PhysicalBacking, SimulatedBacking};
+use super::{BackingCounters, CountingBacking, PhysicalBacking, SimulatedBacking};
 use super::{VirtualMemoryResource, VirtualOptions, VirtualStats};
 use crate::driver::Device;
 use crate::error::{Error, Result};
@@ -53,6 +53,8 @@ pub struct ExpandableStats {
     pub small: VirtualStats,
     /// The large range.
     pub large: VirtualStats,
+    /// The driver calls both ranges made (successful ones), and the physical bytes.
+    pub calls: BackingCounters,
 }
 
 /// One of the two ranges.
@@ -133,6 +135,11 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
         })
     }
 
+    /// The backing both ranges map from.
+    pub fn backing(&self) -> &B {
+        self.backing.inner()
+    }
+
     /// Both ranges and the physical memory now.
     pub fn stats(&self) -> ExpandableStats {
         ExpandableStats {
@@ -140,6 +147,7 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
             peak_physical: self.backing.peak_physical(),
             small: self.small.stats(),
             large: self.large.stats(),
+            calls: self.backing.counters(),
         }
     }
 

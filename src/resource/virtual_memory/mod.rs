@@ -10,6 +10,12 @@
 //! page whose blocks are all freed stays mapped and free; when a block needs a page mapped
 //! elsewhere, the chunk of a free page moves there (after one device-wide synchronisation), so
 //! the memory held follows the pages in use, not the history of the range.
+//!
+//! Placement keeps those moves rare: when the best fit would map pages while free pages exist,
+//! the free blocks that fit are weighed by the pages they would map, and the block goes where
+//! the fewest are missing (free space on mapped pages first); when a move is due all the same,
+//! its synchronisation comes first and opens other streams' free blocks to the search (see
+//! BENCHMARKS.md, "simulated, no GPU", for the counts on training traces).
 //! [`trim`](VirtualMemoryResource::trim) unmaps and frees every free page.
 //!
 //! Two modes:
@@ -34,6 +40,7 @@ mod simulated;
 
 pub use backing::{PhysicalBacking, PhysicalHandle};
 pub use counting::CountingBacking;
+use counting::SyncCounter;
 pub use cuda_backing::{ChunkLocation, CudaBacking, CudaBackingOptions};
 pub use expandable::{ExpandableMemoryResource, ExpandableOptions, ExpandableStats};
 #[cfg(target_os = "linux")]
@@ -47,7 +54,9 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use self::pages::Pages;
-use super::coalescing::core::{allocate_from, footprint, free_into, PoolCore, Reach, GRAIN};
+use super::coalescing::core::{
+    allocate_placed, footprint, free_into, Placer, PoolCore, Reach, GRAIN,
+};
 use super::StreamOrder;
 use super::{align_up, check_request, CudaOrder, HostOrder, MemoryResource, Properties};
 use crate::driver::Device;
@@ -151,6 +160,15 @@ pub struct VirtualStats {
     pub chunks_moved: u64,
     /// Chunks released (trim, failures).
     pub chunks_released: u64,
+    /// Successful `map` calls (one per page mapped: a created or a moved chunk).
+    pub maps: u64,
+    /// Successful `unmap` calls (moves, trims, failures).
+    pub unmaps: u64,
+    /// Successful `set_access` calls (one per run of pages mapped at once).
+    pub access_grants: u64,
+    /// Device-wide synchronisations (before moves and trims, and to reach other streams' free
+    /// blocks).
+    pub synchronizations: u64,
 }
 
 /// One reserved virtual range that grows in place, mapping physical chunks on demand. Cheap to
@@ -164,8 +182,9 @@ pub struct VirtualStats {
 /// driver's granularity); a page is mapped while a live block touches it. A page whose blocks
 /// are all freed stays mapped and free; when a block needs a page mapped elsewhere, the chunk
 /// of a free page moves there (after one device-wide synchronisation), so the memory held
-/// follows the pages in use, not the history of the range. [`trim`](Self::trim) unmaps and
-/// frees every free page.
+/// follows the pages in use, not the history of the range; blocks go to free space on mapped
+/// pages before space whose pages are unmapped, so moves stay rare. [`trim`](Self::trim) unmaps
+/// and frees every free page.
 ///
 /// Two modes: whole chunks per block ([`VirtualOptions::new`]; a free leaves its pages free at
 /// once; a good upstream for other suballocators), or blocks of 256-byte grains that share
@@ -180,7 +199,7 @@ pub struct VirtualMemoryResource<B: PhysicalBacking = CudaBacking> {
 
 struct Inner<B: PhysicalBacking> {
     backing: B,
-    order: Arc<dyn StreamOrder>,
+    order: SyncCounter,
     base: usize,
     reserved: usize,
     expandable: bool,
@@ -284,7 +303,7 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
         let base = backing.reserve(reserved, page)?;
         Ok(VirtualMemoryResource {
             inner: Arc::new(Inner {
-                order,
+                order: SyncCounter::new(order),
                 base,
                 reserved,
                 expandable: options.expandable,
@@ -328,6 +347,10 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
             chunks_created: c.creates,
             chunks_moved: c.moves,
             chunks_released: c.releases,
+            maps: c.maps,
+            unmaps: c.unmaps,
+            access_grants: c.access_grants,
+            synchronizations: self.inner.order.syncs(),
         }
     }
 
@@ -447,12 +470,16 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
         let mut st = self.lock();
         let (bytes, align) = self.shape(st.pages.page_size(), bytes, align)?;
         let (size, needed) = footprint(bytes, align).ok_or(Error::SizeOverflow { bytes, align })?;
-        let order = &*self.inner.order;
+        let order = &self.inner.order;
         let reach = Reach::Synchronize;
-        let found = match allocate_from(&mut st.core, order, stream, bytes, align, reach)? {
+        let st = &mut *st;
+        let place = Some(&st.pages as &dyn Placer);
+        let found = match allocate_placed(&mut st.core, order, stream, bytes, align, reach, place)?
+        {
             Some(p) => Some(p),
-            None if self.extend(&mut st, needed) => {
-                allocate_from(&mut st.core, order, stream, bytes, align, reach)?
+            None if self.extend(st, needed) => {
+                let place = Some(&st.pages as &dyn Placer);
+                allocate_placed(&mut st.core, order, stream, bytes, align, reach, place)?
             }
             None => None,
         };
@@ -461,13 +488,30 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
                 "the reserved range ({} bytes) has no free block of {needed} bytes",
                 self.inner.reserved
             );
-            return Err(self.out_of_memory(&mut st, bytes, why));
+            return Err(self.out_of_memory(st, bytes, why));
         };
-        let start = p.as_ptr() as usize;
-        let st = &mut *st;
+        let (mut p, mut synced) = (p, false);
+        let mut start = p.as_ptr() as usize;
+        if st.pages.free_count() > 0
+            && st.pages.cost(start, start + size) > 0
+            && st.core.others_hold_free(stream.id())
+        {
+            // Moving a chunk waits for the whole device anyway; after that wait, every free
+            // block is open to this stream, and one of other streams' may lie on mapped pages.
+            let _ = st.core.free(NAME, stream.id(), start, bytes);
+            order.synchronize_all()?;
+            synced = true;
+            st.core.merge_all();
+            // The block just freed is free to any stream now, so something fits.
+            let Some(q) = st.core.take_placed(stream.id(), bytes, align, &st.pages) else {
+                let why = "no free block after merging".to_owned();
+                return Err(self.out_of_memory(st, bytes, why));
+            };
+            (p, start) = (q, q.as_ptr() as usize);
+        }
         if let Err(e) = st
             .pages
-            .commit(&self.inner.backing, order, start, start + size)
+            .commit(&self.inner.backing, order, synced, start, start + size)
         {
             // Never used: back to the index (a block of ours with its own size cannot fail).
             let _ = st.core.free(NAME, stream.id(), start, bytes);
@@ -492,7 +536,7 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
         let st = &mut *st;
         free_into(
             &mut st.core,
-            &*self.inner.order,
+            &self.inner.order,
             NAME,
             stream,
             start,
@@ -535,5 +579,7 @@ impl<B: PhysicalBacking> fmt::Debug for VirtualMemoryResource<B> {
     }
 }
 
+#[cfg(test)]
+mod placement_tests;
 #[cfg(test)]
 mod tests;

@@ -6,8 +6,11 @@
 //! synchronisation, then unmap and map), and creates a chunk only when no page is free. So the
 //! physical memory held never exceeds the most pages live blocks have touched at once.
 
+use std::cell::RefCell;
+
 use super::backing::{PhysicalBacking, PhysicalHandle};
 use crate::error::{Error, Result};
+use crate::resource::coalescing::core::Placer;
 use crate::resource::StreamOrder;
 
 const NOT_FREE: u32 = u32::MAX;
@@ -30,16 +33,24 @@ pub(crate) struct PageCounters {
     pub creates: u64,
     pub moves: u64,
     pub releases: u64,
+    /// Successful driver calls: maps, unmaps, access grants (one per run of pages mapped).
+    pub maps: u64,
+    pub unmaps: u64,
+    pub access_grants: u64,
 }
 
 #[derive(Debug)]
 pub(crate) struct Pages {
     base: usize,
     page: usize,
+    /// `page == 1 << shift`.
+    shift: u32,
     max_pages: usize,
     pages: Vec<Page>,
     free: Vec<u32>,
     counters: PageCounters,
+    /// Scratch for [`Placer::cheapest`]: unmapped pages before each page of a free block.
+    before: RefCell<Vec<u32>>,
 }
 
 impl Pages {
@@ -48,10 +59,12 @@ impl Pages {
         Pages {
             base,
             page,
+            shift: page.trailing_zeros(),
             max_pages,
             pages: Vec::new(),
             free: Vec::new(),
             counters: PageCounters::default(),
+            before: RefCell::default(),
         }
     }
 
@@ -77,7 +90,7 @@ impl Pages {
 
     fn span(&self, start: usize, end: usize) -> std::ops::Range<usize> {
         debug_assert!(start >= self.base && end > start);
-        (start - self.base) / self.page..(end - 1 - self.base) / self.page + 1
+        (start - self.base) >> self.shift..((end - 1 - self.base) >> self.shift) + 1
     }
 
     /// The page holding `addr` and its chunk, when mapped.
@@ -87,11 +100,18 @@ impl Pages {
         Some((self.base + i * self.page, h))
     }
 
-    /// Makes `[start, end)` mapped for a new live block. On failure nothing changed.
+    /// Free pages (mapped, no live block).
+    pub fn free_count(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Makes `[start, end)` mapped for a new live block; `synced`: the caller synchronised the
+    /// device since the last free (so free pages may move at once). On failure nothing changed.
     pub fn commit<B: PhysicalBacking>(
         &mut self,
         backing: &B,
         order: &dyn StreamOrder,
+        synced: bool,
         start: usize,
         end: usize,
     ) -> Result<()> {
@@ -134,7 +154,7 @@ impl Pages {
                 ),
             });
         }
-        if let Err(e) = self.map_missing(backing, order, span.clone()) {
+        if let Err(e) = self.map_missing(backing, order, synced, span.clone()) {
             self.decommit(start, end);
             return Err(e);
         }
@@ -145,10 +165,11 @@ impl Pages {
         &mut self,
         backing: &B,
         order: &dyn StreamOrder,
+        synced: bool,
         span: std::ops::Range<usize>,
     ) -> Result<()> {
         // Free pages may still be in use by work queued before their blocks were freed.
-        if !self.free.is_empty() {
+        if !self.free.is_empty() && !synced {
             order.synchronize_all()?;
         }
         let mut mapped_now: Vec<usize> = Vec::new();
@@ -164,6 +185,7 @@ impl Pages {
                 let va = self.base + mapped_now[k] * self.page;
                 // SAFETY: pages `mapped_now[k..k + run]` are consecutive and were just mapped.
                 unsafe { backing.set_access(va, run * self.page)? };
+                self.counters.access_grants += 1;
                 k += run;
             }
             Ok(())
@@ -174,7 +196,9 @@ impl Pages {
                 let h = self.pages[i].handle.take().expect("mapped just now");
                 // SAFETY: mapped just now by us, never handed out (no access yet).
                 unsafe {
-                    let _ = backing.unmap(self.base + i * self.page, self.page);
+                    if backing.unmap(self.base + i * self.page, self.page).is_ok() {
+                        self.counters.unmaps += 1;
+                    }
                     let _ = backing.release(h, self.page);
                 }
                 self.counters.mapped -= 1;
@@ -212,6 +236,7 @@ impl Pages {
                         self.counters.mapped += 1;
                         return Err(e);
                     }
+                    self.counters.unmaps += 1;
                     (h, true)
                 }
                 None => (backing.create(self.page)?, false),
@@ -227,6 +252,7 @@ impl Pages {
                 }
                 return Err(e);
             }
+            self.counters.maps += 1;
             self.pages[i].handle = Some(handle);
             mapped_now.push(i);
             self.counters.mapped += 1;
@@ -275,6 +301,7 @@ impl Pages {
             let h = self.pages[j].handle.expect("free pages are mapped");
             // SAFETY: a page we mapped with this range, with no live block; the device is idle.
             unsafe { backing.unmap(self.base + j * self.page, self.page)? };
+            self.counters.unmaps += 1;
             self.free.pop();
             self.pages[j].handle = None;
             self.pages[j].free_at = NOT_FREE;
@@ -342,3 +369,76 @@ impl Pages {
         Ok(())
     }
 }
+
+/// A block costs the pages it would have to map: so when free memory lies on mapped pages, a
+/// block goes there rather than moving chunks to where the best fit lies.
+impl Placer for Pages {
+    fn worth_searching(&self) -> bool {
+        !self.free.is_empty()
+    }
+
+    fn cost(&self, start: usize, end: usize) -> usize {
+        self.span(start, end)
+            .filter(|&i| self.pages.get(i).is_none_or(|p| p.handle.is_none()))
+            .count()
+    }
+
+    fn cheapest(&self, lo: usize, hi: usize, size: usize, align: usize) -> (usize, usize) {
+        // Alignments are powers of two.
+        let down = |a: usize| a & !(align - 1);
+        let first = down(lo + align - 1);
+        let last = down(hi - size);
+        let first_cost = self.cost(first, first + size);
+        if first_cost == 0 || last == first {
+            return (first, first_cost);
+        }
+        // Unmapped pages before each page of the free range, to price any spot in O(1). Pages
+        // past the table are unmapped, so the table is read only up to its end.
+        let p0 = (lo - self.base) >> self.shift;
+        let known = self.pages.len().clamp(p0, self.span(lo, hi).end);
+        let mut before = self.before.borrow_mut();
+        before.clear();
+        before.push(0);
+        let mut unmapped = 0;
+        // (A free block may start past the table: then nothing in it is mapped.)
+        for p in self.pages.get(p0..known).unwrap_or_default() {
+            unmapped += u32::from(p.handle.is_none());
+            before.push(unmapped);
+        }
+        let unmapped_before = |i: usize| {
+            let (k, n) = (i - p0, before.len() - 1);
+            if k <= n {
+                before[k] as usize
+            } else {
+                before[n] as usize + (k - n)
+            }
+        };
+        let cost = |s: usize| {
+            let span = self.span(s, s + size);
+            unmapped_before(span.end) - unmapped_before(span.start)
+        };
+        let mut best = (first, first_cost);
+        // The cost changes only where the block starts or ends on a page boundary; past the
+        // table's end a spot costs every page it spans, so one page-aligned spot there will do.
+        let mut b = self.base + (((first - self.base) >> self.shift) + 1) * self.page;
+        let stop = hi.min(self.base + (known + 1) * self.page + size);
+        while best.1 > 0 && b <= stop {
+            let at_start = down(b + align - 1);
+            let at_end = b.checked_sub(size).map(down);
+            for s in [Some(at_start), at_end].into_iter().flatten() {
+                if s >= first && s <= last {
+                    let c = cost(s);
+                    if c < best.1 || (c == best.1 && s < best.0) {
+                        best = (s, c);
+                    }
+                }
+            }
+            b += self.page;
+        }
+        best
+    }
+}
+
+#[cfg(test)]
+#[path = "pages_tests.rs"]
+mod tests;

@@ -51,6 +51,8 @@ pub struct BackingCounters {
     pub maps: u64,
     /// `unmap` calls.
     pub unmaps: u64,
+    /// Successful `set_access` calls (one may cover many mappings).
+    pub access_grants: u64,
     /// Physical bytes held now.
     pub physical: usize,
     /// The most physical bytes held at once.
@@ -241,7 +243,7 @@ unsafe impl PhysicalBacking for SimulatedBacking {
     }
 
     unsafe fn set_access(&self, va: usize, size: usize) -> Result<()> {
-        let s = self.lock();
+        let mut s = self.lock();
         // Every byte must be mapped: walk the mappings from `va`.
         let mut at = va;
         let end = va + size;
@@ -251,6 +253,7 @@ unsafe impl PhysicalBacking for SimulatedBacking {
                 _ => return Err(bad(format!("set_access over {at:#x}, which is not mapped"))),
             }
         }
+        s.counters.access_grants += 1;
         Ok(())
     }
 
@@ -306,6 +309,7 @@ mod tests {
         }
         let c = b.counters();
         assert_eq!((c.creates, c.releases, c.maps, c.unmaps), (2, 2, 1, 1));
+        assert_eq!(c.access_grants, 1, "the refused grant is not counted");
         assert_eq!((c.physical, c.peak_physical), (0, 2 * G));
     }
 

@@ -282,6 +282,69 @@ mod expandable_pool {
         r.check_invariants().unwrap();
     }
 
+    /// The driver calls counted three ways agree: by the simulated driver, by the counting
+    /// backing both ranges share, and by each range's page table.
+    #[test]
+    fn driver_calls_are_counted_once_each() {
+        use rand::rngs::SmallRng;
+        use rand::{RngExt, SeedableRng};
+        let mut rng = SmallRng::seed_from_u64(5);
+        let r = pool(160 * MIB);
+        let mut live: Vec<(usize, usize)> = vec![];
+        for step in 0..2000 {
+            if rng.random_bool(0.55) {
+                let bytes = if rng.random_bool(0.5) {
+                    rng.random_range(1..MIB)
+                } else {
+                    rng.random_range(MIB..40 * MIB)
+                };
+                match r.allocate(A, bytes, 256) {
+                    Ok(p) => live.push((p.as_ptr() as usize, bytes)),
+                    Err(e) => assert!(e.is_out_of_memory(), "{e}"),
+                }
+            } else if !live.is_empty() {
+                let (p, bytes) = live.swap_remove(rng.random_range(0..live.len()));
+                give(&r, p, bytes);
+            }
+            if step % 500 == 499 {
+                r.trim().unwrap();
+            }
+        }
+        for (p, bytes) in live {
+            give(&r, p, bytes);
+        }
+        r.trim().unwrap();
+        // Two free 32 MiB pages apart, and a 64 MiB request: both chunks move.
+        let pages: Vec<usize> = (0..4).map(|_| take(&r, 32 * MIB)).collect();
+        give(&r, pages[0], 32 * MIB);
+        give(&r, pages[2], 32 * MIB);
+        let big = take(&r, 64 * MIB);
+        assert_eq!(r.stats().large.free_mapped, 0);
+        give(&r, big, 64 * MIB);
+        r.check_invariants().unwrap();
+        let s = r.stats();
+        let (sm, lg) = (s.small, s.large);
+        assert_eq!(s.calls, r.backing().counters(), "counting backing = driver");
+        assert!(
+            lg.chunks_moved > 0 && sm.chunks_released + lg.chunks_released > 0,
+            "{s:?}"
+        );
+        assert_eq!(s.calls.creates, sm.chunks_created + lg.chunks_created);
+        assert_eq!(s.calls.releases, sm.chunks_released + lg.chunks_released);
+        assert_eq!(s.calls.maps, sm.maps + lg.maps);
+        assert_eq!(s.calls.unmaps, sm.unmaps + lg.unmaps);
+        assert_eq!(s.calls.access_grants, sm.access_grants + lg.access_grants);
+        for v in [sm, lg] {
+            assert_eq!(
+                v.maps,
+                v.chunks_created + v.chunks_moved,
+                "a map per create or move"
+            );
+            assert_eq!(v.unmaps, v.chunks_moved + v.chunks_released);
+            assert!(v.access_grants <= v.maps);
+        }
+    }
+
     #[test]
     fn the_other_ranges_free_pages_are_released_when_memory_runs_out() {
         let r = pool(64 * MIB);
