@@ -3,7 +3,7 @@
 //! without a GPU, and fails instead under CARVE_REQUIRE_GPU=1.
 
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use carve::cudarc::driver::{result, sys};
 use carve::resource::{
@@ -16,6 +16,15 @@ use carve::{
 use carve_kernels::smoke::pattern;
 
 const MIB: usize = 1 << 20;
+
+/// One test at a time: the resources' moves and trims synchronise the whole device
+/// (`cuCtxSynchronize`), which fails, and invalidates the capture, while another test's stream
+/// captures a graph in this process.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Copies `n` words at `ptr` to the host (after the stream's work).
 fn read(s: &Stream, ptr: usize, n: usize) -> Vec<u32> {
@@ -50,6 +59,7 @@ fn free(mr: &dyn MemoryResource, s: &Stream, p: usize, bytes: usize) {
 
 #[test]
 fn virtual_resource_maps_grows_in_place_and_trims() {
+    let _serial = serial();
     let dev = require_gpu!();
     let s = dev.new_stream().unwrap();
     let r = VirtualMemoryResource::on_device(
@@ -82,6 +92,7 @@ fn virtual_resource_maps_grows_in_place_and_trims() {
 /// no driver call, and every live block keeps its contents; the trimmed start maps again.
 #[test]
 fn expandable_blocks_land_on_mapped_pages_first() {
+    let _serial = serial();
     let dev = require_gpu!();
     let s = dev.new_stream().unwrap();
     let r = VirtualMemoryResource::on_device(
@@ -129,6 +140,7 @@ fn expandable_blocks_land_on_mapped_pages_first() {
 /// Scattered free pages move to serve a large request; live blocks keep their contents.
 #[test]
 fn expandable_pool_moves_free_pages_and_keeps_live_data() {
+    let _serial = serial();
     let dev = require_gpu!();
     let s = dev.new_stream().unwrap();
     let r = ExpandableMemoryResource::on_device(
@@ -191,6 +203,7 @@ fn expandable_pool_moves_free_pages_and_keeps_live_data() {
 
 #[test]
 fn exported_chunks_are_file_descriptors() {
+    let _serial = serial();
     let dev = require_gpu!();
     let backing = CudaBackingOptions {
         exportable: true,
@@ -229,6 +242,7 @@ fn exported_chunks_are_file_descriptors() {
 /// stream with a typed error, and the capture survives it.
 #[test]
 fn graph_captured_allocations_keep_their_addresses_across_launches() {
+    let _serial = serial();
     let dev = require_gpu!();
     let s = dev.new_stream().unwrap();
     let cuda = CudaMemoryResource::new(&dev);
@@ -297,6 +311,7 @@ fn graph_captured_allocations_keep_their_addresses_across_launches() {
 
 #[test]
 fn non_capturing_streams_go_to_the_upstream() {
+    let _serial = serial();
     let dev = require_gpu!();
     let s = dev.new_stream().unwrap();
     let mr = GraphSafeMemoryResource::new(Arc::new(CudaMemoryResource::new(&dev)));

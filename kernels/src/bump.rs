@@ -360,6 +360,20 @@ fn wrap_slot(s: u32, n: u32) -> u32 {
 /// `h` and every `next` handle must satisfy [`Bump::new`] for the duration of the call.
 #[inline(always)]
 pub unsafe fn chain_alloc<W: Warp>(h: &HeapHandle, warp: &W, bytes: u64, align: u64) -> *mut u8 {
+    if W::TRACKS_ACTIVE {
+        // As in `slab::chain_alloc`: the served lanes leave, `active()` names the rest.
+        let mut h = h;
+        loop {
+            let last = h.next == 0;
+            // SAFETY: the caller vouches for every segment.
+            let p = unsafe { Bump::new(h) }.alloc(warp, bytes, align, last);
+            if !p.is_null() || last {
+                return p;
+            }
+            // SAFETY: as above.
+            h = unsafe { &*(h.next as *const HeapHandle) };
+        }
+    }
     let active = warp.active();
     // SAFETY: the caller vouches for every segment.
     let mut p = unsafe { Bump::new(h) }.alloc(warp, bytes, align, h.next == 0);

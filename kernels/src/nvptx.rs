@@ -46,6 +46,7 @@ pub fn block_thread_dim() -> (u32, u32, u32) {
 pub struct NvptxWarp;
 
 impl Warp for NvptxWarp {
+    const TRACKS_ACTIVE: bool = true;
     #[inline(always)]
     fn active(&self) -> u32 {
         let m: u32;
@@ -219,6 +220,7 @@ macro_rules! delegate_collectives {
 pub struct RelaxedWarp<const FULL: bool>;
 
 impl<const FULL: bool> Warp for RelaxedWarp<FULL> {
+    const TRACKS_ACTIVE: bool = !FULL;
     #[inline(always)]
     fn active(&self) -> u32 {
         if FULL {

@@ -609,10 +609,33 @@ pub fn warp_hint(warp: u32, cap: u64) -> u64 {
 
 /// Allocates from the chain of slab segments starting at `h`.
 ///
+/// Two walks, chosen at compile time: a warp whose `active()` follows the lanes running (the
+/// GPU's `activemask`) simply loops, as the lanes a segment served leave; a fixed set of lanes
+/// goes on as a narrower [`Among`]. The first keeps the GPU's generic path small: ptxas inlines
+/// it into the kernels, and a larger one made it spill the fast path (H100, 2^24 × 16 B:
+/// 127.8 -> 100 G/s).
+///
 /// # Safety
 /// `h` and every `next` handle must satisfy [`Slab::new`] for the duration of the call.
 #[inline(always)]
 pub unsafe fn chain_alloc<W: Warp>(h: &HeapHandle, warp: &W, hint: u64) -> *mut u8 {
+    if W::TRACKS_ACTIVE {
+        // The served lanes leave; `active()` then names the rest by itself.
+        let mut h = h;
+        let first_capacity = h.capacity;
+        let mut at = hint;
+        loop {
+            let last = h.next == 0;
+            // SAFETY: the caller vouches for every segment of the chain.
+            let p = unsafe { Slab::new(h) }.alloc(warp, at, last);
+            if !p.is_null() || last {
+                return p;
+            }
+            // SAFETY: as above; `next` is a handle of the chain.
+            h = unsafe { &*(h.next as *const HeapHandle) };
+            at = rescale_hint(hint, first_capacity, h.capacity);
+        }
+    }
     let active = warp.active();
     let first_capacity = h.capacity;
     // SAFETY: the caller vouches for every segment of the chain.

@@ -11,6 +11,10 @@ use crate::sync::atomic::{AtomicU64, Ordering};
 /// Collective operations over the lanes named by a mask. Every lane in `mask` must make the same
 /// call (as for the `*_sync` PTX instructions).
 pub trait Warp {
+    /// True when [`Warp::active`] reads the lanes executing now (`activemask`), so lanes that
+    /// left drop out of it by themselves; false when it names a fixed set ([`Among`], a full
+    /// warp), which code that lets some lanes leave must narrow itself.
+    const TRACKS_ACTIVE: bool = false;
     /// The lanes executing this call together (`activemask`).
     fn active(&self) -> u32;
     /// This lane's index, `0..32`.
@@ -133,6 +137,7 @@ pub struct SoloLane {
 }
 
 impl Warp for SoloLane {
+    const TRACKS_ACTIVE: bool = true;
     #[inline]
     fn active(&self) -> u32 {
         1
