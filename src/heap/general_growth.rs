@@ -4,8 +4,14 @@
 //! must all lie in its stride. A growable general heap reserves one range of
 //! `chunk + classes × stride` bytes, with a stride as large as the heap's maximum (address space
 //! only), maps one chunk for the header and each class's first segment, and grows a class by
-//! mapping a new slab segment right after the class's last one, linked from its `next` (the
-//! kernels' class allocation and free walk that chain: `slab::chain_alloc`, `slab::chain_free`).
+//! mapping a new slab segment right after the class's last one (the kernels' class allocation
+//! and free walk the class's chain: `slab::chain_alloc`, `slab::chain_free`).
+//!
+//! **Newest first.** A new segment goes at the head of its class's chain (its `next` is the old
+//! head, and the header's class pointer moves to it), so allocations try the largest, emptiest
+//! segment first instead of passing every full one before it; free finds a block's segment
+//! whatever the order. Trim removes the newest empty segments, at the head, by moving the
+//! class pointer back.
 //!
 //! Layout of the range: the header sits in the last 4 KiB of chunk 0, so that class 0 (4 KiB
 //! after the header) and every later class start on a chunk boundary.
@@ -16,7 +22,7 @@ use std::time::Instant;
 use carve_kernels::heap_layout::{self as layout, GeneralPlan};
 
 use super::growth::{
-    check_options, next_field, plan_segment, policy_need, raw_bytes, segment_capacity, GrowOptions,
+    check_options, plan_segment, policy_need, raw_bytes, segment_capacity, GrowOptions,
     GrowthReport, TrimReport,
 };
 use super::mapped::MappedRange;
@@ -24,9 +30,6 @@ use super::{copy_in, general_plan, relocate, slab_plan, DeviceHeap, HeapKind, He
 use crate::driver::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::resource::{CudaBacking, CudaBackingOptions, PhysicalBacking};
-
-/// The `next` of a chain's last segment (a static: the copies read it after they return).
-static NO_NEXT: u64 = 0;
 
 /// A growable general heap's memory and class chains.
 #[derive(Debug)]
@@ -270,12 +273,9 @@ impl DeviceHeap {
             if gone.is_empty() {
                 continue;
             }
-            // The new last segment ends the chain.
-            let last = *self.class_segment_ptrs(c).last().unwrap_or(&0);
-            copy_in(&self.stream, next_field(last), bytemuck::bytes_of(&NO_NEXT))?;
-            if let Some(seg) = self.general_growth()?.classes[c].extra.last_mut() {
-                seg.handle.next = 0;
-            }
+            // The newest segment left heads the chain again.
+            let head = *self.class_segment_ptrs(c).last().unwrap_or(&0);
+            self.set_class_head(c, head)?;
             removed.push((c, gone));
         }
         // Wait for the unlinks before unmapping.
@@ -400,8 +400,8 @@ impl DeviceHeap {
             let off = g.class_off(c, end);
             g.range.map(off, len)?;
             let at = (g.range.base() + off) as u64;
-            let prev = *self.class_segment_ptrs(c).last().unwrap_or(&0);
-            if let Err(e) = self.format_class_segment(c, at, len, cap, block_size, prev) {
+            let head = *self.class_segment_ptrs(c).last().unwrap_or(&0);
+            if let Err(e) = self.format_class_segment(c, at, len, cap, block_size, head) {
                 // Nothing links to it unless the link was written, which is the last step.
                 let r = self.stream.synchronize().and_then(|()| {
                     let g = self.general_growth()?;
@@ -427,8 +427,29 @@ impl DeviceHeap {
             })
     }
 
-    /// Formats a slab segment of `cap` blocks at `at` (`len` bytes mapped) and links it from the
-    /// class's last segment, at `prev`.
+    /// Points the header's class `c` at the segment at `head` (between launches).
+    fn set_class_head(&mut self, c: usize, head: u64) -> Result<()> {
+        let at = self.device_ptr()
+            + (std::mem::offset_of!(layout::GeneralHeader, classes) + 8 * c) as u64;
+        let head = [head];
+        copy_in(&self.stream, at, bytemuck::cast_slice(&head))?;
+        // `head` lives on our stack.
+        self.stream.synchronize()
+    }
+
+    /// The class pointer the device holds for class `c`.
+    pub(super) fn device_class_head(&self, c: usize) -> Result<u64> {
+        let at = self.device_ptr()
+            + (std::mem::offset_of!(layout::GeneralHeader, classes) + 8 * c) as u64;
+        let mut out = [0u8; 8];
+        let ptr = NonNull::new(at as *mut u8)
+            .ok_or_else(|| Error::InvalidArgument("a header at address 0".to_string()))?;
+        self.copy_out(ptr, &mut out)?;
+        Ok(u64::from_le_bytes(out))
+    }
+
+    /// Formats a slab segment of `cap` blocks at `at` (`len` bytes mapped) whose `next` is the
+    /// class's head, at `head`, and makes it the head.
     fn format_class_segment(
         &mut self,
         c: usize,
@@ -436,10 +457,11 @@ impl DeviceHeap {
         len: usize,
         cap: u64,
         block_size: u64,
-        prev: u64,
+        head: u64,
     ) -> Result<()> {
         let (mut handle, region) = slab_plan(cap, block_size, self.flags)?;
         relocate(&mut handle, &region, at);
+        handle.next = head;
         let ptr = NonNull::new(at as *mut u8)
             .ok_or_else(|| Error::InvalidArgument("a segment at address 0".to_string()))?;
         let seg = Segment {
@@ -450,14 +472,9 @@ impl DeviceHeap {
             handle,
         };
         self.format(&seg)?;
-        copy_in(&self.stream, next_field(prev), bytemuck::bytes_of(&at))?;
-        // `at` lives on our stack.
-        self.stream.synchronize()?;
-        let g = self.general_growth()?;
-        if let Some(last) = g.classes[c].extra.last_mut() {
-            last.handle.next = at;
-        }
-        g.classes[c].extra.push(seg);
+        // The segment is whole on the device before the header points at it.
+        self.set_class_head(c, at)?;
+        self.general_growth()?.classes[c].extra.push(seg);
         Ok(())
     }
 }

@@ -459,14 +459,13 @@ impl DeviceHeap {
             let base = self.device_ptr();
             (0..plan.classes.len())
                 .map(|c| {
-                    let mut first = plan.class_handle(c, base, self.flags);
+                    let first = plan.class_handle(c, base, self.flags);
                     let extra = self.growth.general.as_ref().map(|g| &g.classes[c].extra);
                     let extra: Vec<(u64, HeapHandle)> = extra
                         .into_iter()
                         .flatten()
                         .map(|s| (s.ptr.as_ptr() as u64, s.handle))
                         .collect();
-                    first.next = extra.first().map_or(0, |s| s.0);
                     let mut v = vec![(base + plan.class_offset(c) as u64, first)];
                     v.extend(extra);
                     v
@@ -486,8 +485,24 @@ impl DeviceHeap {
                     return Err(format!("class {c}: a segment outside the class's stride"));
                 }
             }
+            // A general class's chain runs newest first (address order backwards) from the
+            // header's class pointer; a slab or bump heap's runs in address order.
+            let general = self.general.is_some();
+            if general {
+                let head = chain.last().map_or(0, |s| s.0);
+                let dev = self.device_class_head(c).map_err(|e| e.to_string())?;
+                if dev != head {
+                    return Err(format!(
+                        "class {c}: the header points at {dev:#x}, not {head:#x}"
+                    ));
+                }
+            }
             for (i, (at, host)) in chain.iter().enumerate() {
-                let want = chain.get(i + 1).map_or(0, |s| s.0);
+                let want = if general {
+                    i.checked_sub(1).map_or(0, |j| chain[j].0)
+                } else {
+                    chain.get(i + 1).map_or(0, |s| s.0)
+                };
                 if host.next != want {
                     return Err(format!(
                         "chain {c}, segment {i} at {at:#x}: host next {:#x}, expected {want:#x}",
