@@ -21,12 +21,13 @@
  *                                     block (as __syncthreads), each with its own n: one
  *                                     reservation for the whole block. When it does not fit,
  *                                     every thread of the block gets NULL.
- *   carve_malloc(heap, n)             n bytes (1 to 65536) from a general heap
+ *   carve_malloc(heap, n)             n bytes (1 to 16 MiB) from a general heap
  *                                     (DeviceHeap::general): a block of the smallest size class
- *                                     that holds n, aligned to 16 bytes (to the class size when
- *                                     it is a power of two <= 4096). NULL when the class is
- *                                     exhausted, n == 0 or n > 65536 (large requests come
- *                                     later), or `heap` is not a general heap.
+ *                                     that holds n (four classes per power of two up to 64 KiB,
+ *                                     then whole power-of-two blocks), aligned to 16 bytes (to
+ *                                     the class size when it is a power of two, up to 4096).
+ *                                     NULL when the class is exhausted or not in use for this
+ *                                     heap, n == 0, or `heap` is not a general heap.
  *   carve_free(heap, p)               returns a carve_malloc block; the class is found from p.
  *                                     NULL is ignored; other pointers are counted and ignored.
  * None of them traps or unwinds; failures are counted in DeviceHeap::stats().

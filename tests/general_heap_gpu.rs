@@ -113,6 +113,68 @@ fn bad_general_heaps_are_errors() {
     assert!(matches!(heap.grow(1), Err(Error::Unsupported(_))));
 }
 
+/// Requests above 64 KiB: whole power-of-two blocks from the large classes, 4 KiB aligned,
+/// distinct, counted per class; a class exhausts exactly and frees come back; sizes past the
+/// largest class in use fail and are counted in the header.
+#[test]
+fn large_requests_take_whole_blocks_of_the_large_classes() {
+    let dev = carve::require_gpu!();
+    let stream = dev.new_stream().unwrap();
+    // 32 MiB per class: every large class up to 16 MiB holds at least one block.
+    let heap = DeviceHeap::general(cuda(&dev), &stream, 32 << 20).unwrap();
+    let classes = heap.class_stats().unwrap();
+    assert_eq!(classes.len(), NUM_CLASSES);
+    let k = HeapKernels::new(&stream);
+    for (bytes, n) in [
+        (65_537u64, 256u64),
+        (300_000, 64),
+        (3 << 20, 16),
+        (16 << 20, 4),
+    ] {
+        let c = class_of(bytes as u32).unwrap() as usize;
+        let size = class_size(c as u32) as u64;
+        assert_eq!(size, bytes.next_power_of_two());
+        let cap = classes[c].capacity;
+        // Ask for more than the class holds: exactly `cap` are served.
+        let want = n.max(cap + 3);
+        let p = DeviceVec::<u64>::zeroed(want as usize, &stream, cuda(&dev)).unwrap();
+        // SAFETY: p holds `want` u64s; the heap lives until the end.
+        unsafe { k.general_malloc_one_bench(want, heap.device_ptr(), p.as_ptr(), want, bytes) }
+            .unwrap();
+        let mut got: Vec<u64> = p
+            .to_vec()
+            .unwrap()
+            .into_iter()
+            .filter(|&a| a != 0)
+            .collect();
+        assert_eq!(got.len() as u64, cap.min(want), "{bytes} B");
+        got.sort_unstable();
+        assert!(got.iter().all(|a| a % 4096 == 0), "{bytes} B: alignment");
+        assert!(
+            got.windows(2).all(|w| w[1] - w[0] >= size),
+            "{bytes} B: overlap"
+        );
+        let s = heap.class_stats().unwrap()[c];
+        assert_eq!(
+            (s.in_use, s.failed_allocs),
+            (cap, want - cap),
+            "{bytes} B: {s:?}"
+        );
+        // SAFETY: frees exactly what the launch above handed out (0 is ignored).
+        unsafe { k.general_free_bench(want, heap.device_ptr(), p.as_ptr(), want) }.unwrap();
+        assert_eq!(heap.class_stats().unwrap()[c].in_use, 0);
+    }
+    // Past the largest class: null, counted in the header's failures.
+    let before = heap.stats().unwrap().failed_allocs;
+    let p = DeviceVec::<u64>::zeroed(32, &stream, cuda(&dev)).unwrap();
+    // SAFETY: as above.
+    unsafe { k.general_malloc_one_bench(32, heap.device_ptr(), p.as_ptr(), 32, (16 << 20) + 1) }
+        .unwrap();
+    assert!(p.to_vec().unwrap().iter().all(|&a| a == 0));
+    let s = heap.stats().unwrap();
+    assert_eq!((s.failed_allocs - before, s.in_use), (32, 0));
+}
+
 /// The general heap under stress at 2^24 threads: mixed sizes (16 B to 4 KiB), lanes of a warp
 /// diverging between allocation, free and nothing, blocks freed by other warps in later
 /// launches (every round permutes which thread works on which slot), exhaustion at first and

@@ -7,8 +7,10 @@
 //! (`match_any`), and every group runs the slab allocation at once as a warp of its own lanes
 //! ([`Among`]): its collectives name only its lanes, as in warp-aggregated atomics keyed by
 //! `match_any`, so the groups' atomics overlap.
-//! Requests of 0 bytes or more than 64 KiB return null and are counted as failed allocations in
-//! the header's counters (whole-segment large requests come later).
+//! Requests above 64 KiB take a large class (a whole power-of-two block, up to 16 MiB) when the
+//! heap has it in use: a large class is in use when one of its blocks fits a class's bytes.
+//! Requests of 0 bytes, or past the largest class in use, return null and are counted as failed
+//! allocations in the header's counters.
 //!
 //! **Free.** The class of a pointer is `(ptr - base) >> stride_log2` (class segments sit at equal
 //! power-of-two strides), so no size is passed and nothing is searched; lanes are grouped by class
@@ -213,13 +215,16 @@ pub fn bench_request_size(i: u64, seed: u32, max: u64) -> u64 {
 #[cfg(all(test, not(carve_loom)))]
 mod tests {
     use super::*;
+    use crate::size_class::NUM_SMALL_CLASSES;
 
     #[test]
     fn requests_map_to_classes_or_none() {
         assert_eq!(request_class(0), NO_CLASS);
         assert_eq!(request_class(1), 0);
-        assert_eq!(request_class(65_536), NUM_CLASSES as u32 - 1);
-        assert_eq!(request_class(65_537), NO_CLASS);
+        assert_eq!(request_class(65_536), NUM_SMALL_CLASSES as u32 - 1);
+        assert_eq!(request_class(65_537), NUM_SMALL_CLASSES as u32);
+        assert_eq!(request_class(16 << 20), NUM_CLASSES as u32 - 1);
+        assert_eq!(request_class((16 << 20) + 1), NO_CLASS);
         assert_eq!(request_class(u32::MAX as u64 + 17), NO_CLASS);
     }
 }

@@ -227,9 +227,9 @@ unsafe fn bump_alloc_generic(heap: *const HeapHandle, bytes: u64, align: u64) ->
 }
 
 /// Allocates `bytes` from the general heap at `heap` (a block of the smallest size class that
-/// holds it, 16 B to 64 KiB); null when the class is exhausted, when `bytes` is 0 or above
-/// 64 KiB (whole-segment large requests come later; counted as failed allocations), or when
-/// `heap` is not a general heap. Blocks are aligned to 16 bytes, or to the class size when it is
+/// holds it: 16 B to 64 KiB, then whole power-of-two blocks up to 16 MiB); null when the class
+/// is exhausted, when `bytes` is 0 or past the heap's largest class in use (counted as failed
+/// allocations), or when `heap` is not a general heap. Blocks are aligned to 16 bytes, or to the class size when it is
 /// a power of two (up to 4096).
 ///
 /// Lanes may ask for different sizes: a whole warp asking one class takes that class's

@@ -279,7 +279,7 @@ pub fn bump_chunk_log2(capacity: u64, nslots: u32) -> Option<u32> {
 
 /// Class slots in a [`GeneralHeader`]: [`NUM_CLASSES`](crate::size_class::NUM_CLASSES) used, the
 /// rest 0 (room for more classes without moving the header's fields).
-pub const GENERAL_CLASS_SLOTS: usize = 48;
+pub const GENERAL_CLASS_SLOTS: usize = 56;
 /// The general header's size: its counters follow at this offset.
 pub const GENERAL_HEADER_BYTES: usize = 512;
 /// Offset of class 0's slab segment from the general region's start: the header and its counters
@@ -307,20 +307,22 @@ pub struct GeneralHeader {
     pub magic: u32,
     /// [`KIND_GENERAL`].
     pub kind: u32,
-    /// Classes in use (`NUM_CLASSES`); requests of a class at or past it fail.
+    /// Classes in use (the plan's `nclasses`: every small class, and the large ones whose block
+    /// fits a class's bytes); requests of a class at or past it fail.
     pub nclasses: u32,
     /// log2 of the bytes between consecutive class segments.
     pub stride_log2: u32,
     /// Address of class 0's segment (its [`HeapHandle`]).
     pub base: u64,
     /// Address of the `COUNTERS × COUNTER_SLOTS` `u64` counters of requests no class serves
-    /// (failed allocations: 0 bytes, more than 64 KiB) and of frees outside every class.
+    /// (failed allocations: 0 bytes, more than the largest class in use) and of frees outside
+    /// every class.
     pub counters: u64,
     /// Per class, the address of its slab segment's handle (`base + (c << stride_log2)`); 0 past
     /// `nclasses`.
     pub classes: [u64; GENERAL_CLASS_SLOTS],
     /// Room for later fields.
-    pub reserved: [u64; 12],
+    pub reserved: [u64; 4],
 }
 
 const_assert_eq!(core::mem::size_of::<GeneralHeader>(), GENERAL_HEADER_BYTES);
@@ -355,8 +357,18 @@ pub struct GeneralPlan {
     pub stride_log2: u32,
     /// Total region bytes.
     pub total: usize,
-    /// The classes, by class index.
-    pub classes: [GeneralClass; crate::size_class::NUM_CLASSES],
+    /// Classes in use: every small class, then the large classes whose one block and its
+    /// metadata fit the stride.
+    pub nclasses: usize,
+    /// Every class's plan, by class index; only the first `nclasses` are used ([`Self::classes`]).
+    pub table: [GeneralClass; crate::size_class::NUM_CLASSES],
+}
+
+impl GeneralPlan {
+    /// The classes in use, by class index.
+    pub fn classes(&self) -> &[GeneralClass] {
+        &self.table[..self.nclasses]
+    }
 }
 
 /// The plan of a general heap with at least `bytes_per_class` bytes per class (rounded up to a
@@ -371,11 +383,6 @@ pub fn general_plan(bytes_per_class: u64) -> Option<GeneralPlan> {
         .trailing_zeros()
         .max(GENERAL_MIN_STRIDE_LOG2);
     let stride = 1u64 << stride_log2;
-    let n = crate::size_class::NUM_CLASSES;
-    let total = (GENERAL_CLASSES_OFFSET as u64).checked_add(stride.checked_mul(n as u64)?)?;
-    if total > isize::MAX as u64 || usize::try_from(total).is_err() {
-        return None;
-    }
     let mut classes = [GeneralClass {
         block_size: 0,
         capacity: 0,
@@ -395,6 +402,7 @@ pub fn general_plan(bytes_per_class: u64) -> Option<GeneralPlan> {
             total: 0,
         },
     }; crate::size_class::NUM_CLASSES];
+    let mut nclasses = 0;
     for (c, class) in classes.iter_mut().enumerate() {
         let size = crate::size_class::class_size(c as u32) as u64;
         let fits = |k: u64| {
@@ -402,9 +410,17 @@ pub fn general_plan(bytes_per_class: u64) -> Option<GeneralPlan> {
             let l = slab_layout(g, k, size, slab_block_align(size))?;
             (l.total as u64 <= stride).then_some((g, l))
         };
+        if fits(1).is_none() {
+            // Every small class fits the smallest stride; a large class that does not, and
+            // every larger one, stays out of use.
+            if c < crate::size_class::NUM_SMALL_CLASSES {
+                return None;
+            }
+            break;
+        }
+        nclasses = c + 1;
         // The most blocks that fit: binary search (the metadata grows with the count).
         let (mut lo, mut hi) = (1u64, stride / size);
-        fits(lo)?;
         while lo < hi {
             let mid = lo + (hi - lo).div_ceil(2);
             if fits(mid).is_some() {
@@ -421,10 +437,16 @@ pub fn general_plan(bytes_per_class: u64) -> Option<GeneralPlan> {
             layout,
         };
     }
+    let total =
+        (GENERAL_CLASSES_OFFSET as u64).checked_add(stride.checked_mul(nclasses as u64)?)?;
+    if total > isize::MAX as u64 || usize::try_from(total).is_err() {
+        return None;
+    }
     Some(GeneralPlan {
         stride_log2,
         total: total as usize,
-        classes,
+        nclasses,
+        table: classes,
     })
 }
 
@@ -437,24 +459,24 @@ impl GeneralPlan {
     /// The header of this plan's heap placed at `base` (the region's start).
     pub fn header(&self, base: u64) -> GeneralHeader {
         let mut classes = [0u64; GENERAL_CLASS_SLOTS];
-        for (c, a) in classes.iter_mut().take(self.classes.len()).enumerate() {
+        for (c, a) in classes.iter_mut().take(self.nclasses).enumerate() {
             *a = base + self.class_offset(c) as u64;
         }
         GeneralHeader {
             magic: HEAP_MAGIC,
             kind: KIND_GENERAL,
-            nclasses: self.classes.len() as u32,
+            nclasses: self.nclasses as u32,
             stride_log2: self.stride_log2,
             base: base + GENERAL_CLASSES_OFFSET as u64,
             counters: base + GENERAL_HEADER_BYTES as u64,
             classes,
-            reserved: [0; 12],
+            reserved: [0; 4],
         }
     }
 
     /// Class `c`'s slab handle, its arrays relocated into the region at `base`.
     pub fn class_handle(&self, c: usize, base: u64, flags: u32) -> HeapHandle {
-        let k = &self.classes[c];
+        let k = &self.classes()[c];
         let seg = base + self.class_offset(c) as u64;
         let l = &k.layout;
         HeapHandle {
@@ -540,8 +562,8 @@ mod tests {
         let p = general_plan(300_000).unwrap();
         assert_eq!(p.stride_log2, 19);
         let stride = 1usize << 19;
-        assert_eq!(p.total, GENERAL_CLASSES_OFFSET + p.classes.len() * stride);
-        for (c, k) in p.classes.iter().enumerate() {
+        assert_eq!(p.total, GENERAL_CLASSES_OFFSET + p.classes().len() * stride);
+        for (c, k) in p.classes().iter().enumerate() {
             assert!(k.capacity >= 1, "class {c}");
             assert!(k.layout.total <= stride, "class {c}");
             // One more block would not fit.
@@ -561,9 +583,9 @@ mod tests {
             h.classes[1],
             0x1000_0000 + (GENERAL_CLASSES_OFFSET + stride) as u64
         );
-        assert_eq!(h.classes[p.classes.len()], 0);
+        assert_eq!(h.classes[p.classes().len()], 0);
         let s = p.class_handle(3, 0x1000_0000, 0);
         assert_eq!(s.block_size, 64);
-        assert_eq!(s.data, h.classes[3] + p.classes[3].layout.data as u64);
+        assert_eq!(s.data, h.classes[3] + p.classes()[3].layout.data as u64);
     }
 }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use carve_kernels::general::{self, NO_CLASS};
 use carve_kernels::heap_layout::*;
-use carve_kernels::size_class::{class_of, class_size, NUM_CLASSES};
+use carve_kernels::size_class::{class_of, class_size, NUM_SMALL_CLASSES};
 use carve_kernels::warp::{SoloLane, Warp};
 use support::lockstep;
 
@@ -39,7 +39,7 @@ impl HostGeneral {
         // 8-byte aligned offsets.
         unsafe {
             (base as *mut GeneralHeader).write(plan.header(b));
-            for c in 0..NUM_CLASSES {
+            for c in 0..plan.nclasses {
                 (base.add(plan.class_offset(c)) as *mut HeapHandle).write(plan.class_handle(
                     c,
                     b,
@@ -106,7 +106,7 @@ impl HostGeneral {
     }
 
     fn total_in_use(&self) -> u64 {
-        (0..NUM_CLASSES).map(|c| self.class_stats(c).0).sum()
+        (0..self.plan.nclasses).map(|c| self.class_stats(c).0).sum()
     }
 
     /// Asserts `p` is a block start of the class serving `bytes`, inside its data range.
@@ -152,7 +152,7 @@ fn every_size_routes_to_its_class_and_frees_by_pointer() {
     let w = SoloLane::default();
     let sizes: Vec<u64> = (1..=65_536u64)
         .step_by(97)
-        .chain((0..NUM_CLASSES as u32).map(|c| class_size(c) as u64))
+        .chain((0..NUM_SMALL_CLASSES as u32).map(|c| class_size(c) as u64))
         .collect();
     for &bytes in &sizes {
         let p = heap.malloc(&w, bytes);
@@ -164,7 +164,7 @@ fn every_size_routes_to_its_class_and_frees_by_pointer() {
         heap.free(&w, p);
         assert_eq!(heap.total_in_use(), 0, "{bytes} B");
     }
-    for c in 0..NUM_CLASSES {
+    for c in 0..heap.plan.nclasses {
         let (_, _, failed, foreign, double) = heap.class_stats(c);
         assert_eq!((failed, foreign, double), (0, 0, 0), "class {c}");
     }
@@ -193,13 +193,61 @@ fn unserved_sizes_and_foreign_pointers_are_counted() {
     assert_eq!(heap.total_in_use(), 0);
 }
 
+/// Large requests (above 64 KiB) take a whole block of the next power of two, from the large
+/// classes whose block fits the stride; larger ones are counted as unserved.
+#[test]
+fn large_requests_take_whole_power_of_two_blocks() {
+    // 4 MiB strides: the large classes of 128 KiB to 2 MiB fit, 4 MiB and up do not.
+    let heap = HostGeneral::new(3 << 20);
+    assert_eq!(heap.plan.nclasses, NUM_SMALL_CLASSES + 5);
+    let w = SoloLane::default();
+    for bytes in [65_537u64, 100_000, 1 << 17, (1 << 17) + 1, 1 << 20, 2 << 20] {
+        let p = heap.malloc(&w, bytes);
+        assert!(!p.is_null(), "{bytes} B");
+        heap.assert_block_of(p, bytes);
+        let c = class_of(bytes as u32).unwrap() as u64;
+        assert_eq!(class_size(c as u32) as u64, bytes.next_power_of_two());
+        assert_eq!(
+            p as u64 % 4096,
+            0,
+            "{bytes} B: blocks of 4 KiB or more are 4 KiB aligned"
+        );
+        // SAFETY: the block is ours, `class_size >= bytes` bytes.
+        unsafe { p.write_bytes(0xCD, bytes as usize) };
+        heap.free(&w, p);
+    }
+    assert_eq!(heap.total_in_use(), 0);
+    assert!(
+        heap.malloc(&w, (2 << 20) + 1).is_null(),
+        "the 4 MiB class is not in use"
+    );
+    assert!(
+        heap.malloc(&w, (16 << 20) + 1).is_null(),
+        "past every class"
+    );
+    assert_eq!(heap.header_counter(COUNTER_FAILED_ALLOCS), 2);
+    // The 2 MiB class holds one block: the second request fails in the class.
+    let top = heap.plan.nclasses - 1;
+    assert_eq!(heap.class(top).capacity, 1);
+    let a = heap.malloc(&w, 2 << 20);
+    assert!(!a.is_null());
+    assert!(heap.malloc(&w, 1_500_000).is_null());
+    assert_eq!(heap.class_stats(top).2, 1);
+    heap.free(&w, a);
+    assert_eq!(heap.total_in_use(), 0);
+}
+
 #[test]
 fn exhausting_one_class_leaves_the_others_alone() {
     let heap = HostGeneral::new(1);
     let w = SoloLane::default();
-    let last = NUM_CLASSES - 1;
+    let last = NUM_SMALL_CLASSES - 1;
+    assert_eq!(
+        heap.plan.nclasses, NUM_SMALL_CLASSES,
+        "128 KiB strides hold no large class"
+    );
     let cap = heap.class(last).capacity;
-    assert_eq!(cap, heap.plan.classes[last].capacity);
+    assert_eq!(cap, heap.plan.classes()[last].capacity);
     let mut big: Vec<*mut u8> = (0..cap).map(|_| heap.malloc(&w, 65_536)).collect();
     assert!(big.iter().all(|p| !p.is_null()));
     assert!(heap.malloc(&w, 60_000).is_null(), "class {last} is full");
@@ -231,7 +279,7 @@ fn mixed_sizes_across_a_warp_in_one_call() {
         let size = |l: u32| -> u64 {
             match hash(l + 32 * round) % 23 {
                 0 if round % 2 == 1 => 0,
-                1 if round % 2 == 1 => 100_000,
+                1 if round % 2 == 1 => 20 << 20,
                 h if h < 4 => 64, // a few lanes share a class
                 _ => 16 + (hash(l ^ (round << 8)) % 4081) as u64,
             }
@@ -278,7 +326,7 @@ fn mixed_sizes_across_a_warp_in_one_call() {
         });
         assert_eq!(heap.total_in_use(), 0, "round {round}");
     }
-    for c in 0..NUM_CLASSES {
+    for c in 0..heap.plan.nclasses {
         let (_, _, failed, foreign, double) = heap.class_stats(c);
         assert_eq!((failed, foreign, double), (0, 0, 0), "class {c}");
     }

@@ -95,7 +95,9 @@ fn general_sizes(bytes_per_class: u64, max_bytes: usize, chunk: usize) -> Result
                 1u64 << layout::GENERAL_MAX_STRIDE_LOG2
             ))
         })?;
-    let nclasses = carve_kernels::size_class::NUM_CLASSES;
+    // The classes whose block fits a first segment of `first` bytes (every small class).
+    let nclasses = layout::general_plan(first as u64)
+        .map_or(carve_kernels::size_class::NUM_SMALL_CLASSES, |p| p.nclasses);
     let least = chunk + nclasses * first;
     if least > max_bytes {
         return Err(Error::OutOfMemory {
@@ -114,7 +116,7 @@ fn general_sizes(bytes_per_class: u64, max_bytes: usize, chunk: usize) -> Result
 fn spread_plan(first: usize, stride: usize) -> Result<GeneralPlan> {
     let mut plan = general_plan(first as u64)?;
     plan.stride_log2 = stride.trailing_zeros();
-    plan.total = layout::GENERAL_CLASSES_OFFSET + plan.classes.len() * stride;
+    plan.total = layout::GENERAL_CLASSES_OFFSET + plan.classes().len() * stride;
     Ok(plan)
 }
 
@@ -143,7 +145,7 @@ impl DeviceHeap {
         }
         let (first, stride) = general_sizes(bytes_per_class, options.max_bytes, chunk)?;
         let plan = spread_plan(first, stride)?;
-        let n = plan.classes.len();
+        let n = plan.classes().len();
         let size = n
             .checked_mul(stride)
             .and_then(|b| b.checked_add(chunk))
@@ -216,7 +218,7 @@ impl DeviceHeap {
         let Some(plan) = &self.general else {
             return Vec::new();
         };
-        if class >= plan.classes.len() {
+        if class >= plan.classes().len() {
             return Vec::new();
         }
         let first = self.segments[0].ptr.as_ptr() as u64 + plan.class_offset(class) as u64;
@@ -308,10 +310,10 @@ impl DeviceHeap {
     /// Statistics of one class (its whole chain).
     pub(super) fn class_stat(&self, class: usize) -> Result<HeapStats> {
         let plan = self.plan()?;
-        let k = plan.classes.get(class).ok_or_else(|| {
+        let k = plan.classes().get(class).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "class {class} of a general heap of {} classes",
-                plan.classes.len()
+                plan.classes().len()
             ))
         })?;
         let base = self.segments[0].ptr.as_ptr() as u64;
@@ -367,13 +369,13 @@ impl DeviceHeap {
     fn class_block_size(&mut self, class: usize) -> Result<u64> {
         self.general_growth()?;
         let plan = self.plan()?;
-        plan.classes
+        plan.classes()
             .get(class)
             .map(|k| k.block_size)
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "class {class} of a general heap of {} classes",
-                    plan.classes.len()
+                    plan.classes().len()
                 ))
             })
     }
@@ -420,7 +422,7 @@ impl DeviceHeap {
     }
 
     fn class_stat_capacity(&self, c: usize) -> u64 {
-        let first = self.general.as_ref().map_or(0, |p| p.classes[c].capacity);
+        let first = self.general.as_ref().map_or(0, |p| p.classes()[c].capacity);
         first
             + self.growth.general.as_ref().map_or(0, |g| {
                 g.classes[c].extra.iter().map(|s| s.handle.capacity).sum()
@@ -493,7 +495,7 @@ mod tests {
         assert_eq!((first, stride), (4 * MIB, 1024 * MIB));
         let plan = spread_plan(first, stride).unwrap();
         assert_eq!(plan.stride_log2, 30);
-        for (c, k) in plan.classes.iter().enumerate() {
+        for (c, k) in plan.classes().iter().enumerate() {
             // Every class's first segment fits its chunks, and starts `stride` after the last.
             assert!(k.layout.total <= first, "class {c}");
             assert_eq!(

@@ -457,7 +457,7 @@ impl DeviceHeap {
         }
         let chains: Vec<Vec<(u64, HeapHandle)>> = if let Some(plan) = &self.general {
             let base = self.device_ptr();
-            (0..plan.classes.len())
+            (0..plan.classes().len())
                 .map(|c| {
                     let first = plan.class_handle(c, base, self.flags);
                     let extra = self.growth.general.as_ref().map(|g| &g.classes[c].extra);

@@ -1,5 +1,5 @@
 //! The device heap: a region reserved from any [`MemoryResource`], from which kernel threads
-//! allocate blocks (the slab), byte ranges (the bump arena), or any size up to 64 KiB (the
+//! allocate blocks (the slab), byte ranges (the bump arena), or any size up to 16 MiB (the
 //! general heap, [`DeviceHeap::general`]: `carve_malloc(heap, bytes)` / `carve_free(heap, p)`
 //! over one slab per size class, laid out as `carve_kernels::heap_layout::GeneralHeader` says). The algorithms are in
 //! `carve_kernels::{slab, bump}`; this module reserves, formats, reads back and grows heaps.
@@ -74,7 +74,7 @@ pub enum HeapKind {
     },
     /// Byte ranges, allocated by kernels and released all at once by [`DeviceHeap::reset`].
     Bump,
-    /// Any size from 1 byte to 64 KiB (`carve_malloc` / `carve_free`): one slab per size class
+    /// Any size from 1 byte to 16 MiB (`carve_malloc` / `carve_free`): one slab per size class
     /// (`carve_kernels::size_class`), each of `bytes_per_class` bytes.
     General {
         /// Bytes of each class's slab segment (a power of two), metadata included.
@@ -188,11 +188,14 @@ impl DeviceHeap {
     }
 
     /// A general heap: `carve_malloc(heap, bytes)` serves any size from 1 byte to 64 KiB from
-    /// one slab per size class, and `carve_free(heap, ptr)` finds the class from the pointer.
-    /// Each of the 44 classes gets `bytes_per_class` bytes (rounded up to a power of two, at
-    /// least 128 KiB), metadata included, so small classes hold many blocks and the 64 KiB class
-    /// few: the region is `44 × bytes_per_class` plus 4 KiB. Requests of 0 bytes or above 64 KiB
-    /// return null and count as failed allocations (whole-segment large requests come later).
+    /// one slab per size class (44 classes, at most a fifth of a block wasted), larger requests
+    /// up to 16 MiB from large classes of whole power-of-two blocks, and `carve_free(heap, ptr)`
+    /// finds the class from the pointer. Each class in use gets `bytes_per_class` bytes (rounded
+    /// up to a power of two, at least 128 KiB), metadata included, so small classes hold many
+    /// blocks and large ones few; a large class is in use when one of its blocks fits (all eight
+    /// from 32 MiB per class). The region is `classes in use × bytes_per_class` plus 4 KiB.
+    /// Requests of 0 bytes or past the largest class in use return null and count as failed
+    /// allocations.
     /// Frees are checked, as for [`DeviceHeap::slab`]. This heap does not grow; one made with
     /// [`DeviceHeap::growable`] and [`HeapKind::General`] grows class by class.
     pub fn general(
@@ -226,7 +229,7 @@ impl DeviceHeap {
         let Some(plan) = &self.general else {
             return Ok(Vec::new());
         };
-        (0..plan.classes.len())
+        (0..plan.classes().len())
             .map(|c| self.class_stat(c))
             .collect()
     }
@@ -426,7 +429,7 @@ impl DeviceHeap {
         let summary = HeapHandle {
             magic: layout::HEAP_MAGIC,
             kind: layout::KIND_GENERAL,
-            capacity: plan.classes.iter().map(|k| k.capacity).sum(),
+            capacity: plan.classes().iter().map(|k| k.capacity).sum(),
             data: header.base,
             counters: header.counters,
             ..bytemuck::Zeroable::zeroed()
@@ -441,7 +444,7 @@ impl DeviceHeap {
         // On failure the segment is already ours: dropping the heap returns it.
         self.memset_meta(&self.segments[0])?;
         self.memset_classes()?;
-        let handles: Vec<HeapHandle> = (0..plan.classes.len())
+        let handles: Vec<HeapHandle> = (0..plan.classes().len())
             .map(|c| plan.class_handle(c, base, self.flags))
             .collect();
         for (c, h) in handles.iter().enumerate() {
@@ -462,7 +465,7 @@ impl DeviceHeap {
             return Ok(());
         };
         let base = self.segments[0].ptr.as_ptr() as u64;
-        for (c, k) in plan.classes.iter().enumerate() {
+        for (c, k) in plan.classes().iter().enumerate() {
             let start = base + (plan.class_offset(c) + k.layout.counters) as u64;
             // SAFETY: [counters, meta_end) of class `c`'s segment lies inside the region, which
             // we own.

@@ -24,7 +24,7 @@ pub struct HeapStats {
     /// `in_use` (nothing is freed).
     pub high_water: u64,
     /// Requests that returned null (refused sizes and alignments included; for a general heap,
-    /// requests of 0 bytes or above 64 KiB too).
+    /// requests of 0 bytes or past its largest class too).
     pub failed_allocs: u64,
     /// Frees of a block that was already free (checked slabs).
     pub double_frees: u64,
