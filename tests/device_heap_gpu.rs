@@ -248,20 +248,14 @@ fn bump_block_serves_each_block_whole_or_not_at_all() {
         let want: Vec<u64> = (0..N).map(|i| block_request(i, bytes, mixed)).collect();
         let total: u64 = want.iter().sum();
         let asked = want.iter().filter(|&&w| w != 0).count() as u64;
+        let launch = |heap: &DeviceHeap| {
+            let mode = u32::from(mixed);
+            // SAFETY: p holds N u64s; the heap outlives the launch (the copies below wait).
+            unsafe { k.bump_alloc_block(N, heap.device_ptr(), p.as_ptr(), N, bytes, align, mode) }
+                .unwrap();
+        };
         let heap = DeviceHeap::bump(cuda(&dev), &stream, total * 5 / 4).unwrap();
-        // SAFETY: p holds N u64s.
-        unsafe {
-            k.bump_alloc_block(
-                N,
-                heap.device_ptr(),
-                p.as_ptr(),
-                N,
-                bytes,
-                align,
-                u32::from(mixed),
-            )
-        }
-        .unwrap();
+        launch(&heap);
         let got = p.to_vec().unwrap();
         let mut ranges: Vec<(u64, u64)> = Vec::new();
         for (i, (&a, &w)) in got.iter().zip(&want).enumerate() {
@@ -286,19 +280,7 @@ fn bump_block_serves_each_block_whole_or_not_at_all() {
 
         // Exhaustion: room for about half; a block is served whole or not at all.
         let small = DeviceHeap::bump(cuda(&dev), &stream, total / 2).unwrap();
-        // SAFETY: as above.
-        unsafe {
-            k.bump_alloc_block(
-                N,
-                small.device_ptr(),
-                p.as_ptr(),
-                N,
-                bytes,
-                align,
-                u32::from(mixed),
-            )
-        }
-        .unwrap();
+        launch(&small);
         let got = p.to_vec().unwrap();
         let mut served = 0u64;
         for (b, chunk) in got.chunks(256).enumerate() {
