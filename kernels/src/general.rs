@@ -63,6 +63,21 @@ pub fn request_class(bytes: u64) -> u32 {
     }
 }
 
+/// The group key of `ptr` for [`free`] in a general heap of `nclasses` classes from `base` at
+/// strides of `1 << stride_log2`: see [`free_key`].
+#[inline(always)]
+pub fn key_of(base: u64, stride_log2: u32, nclasses: u32, ptr: *mut u8) -> u32 {
+    if ptr.is_null() {
+        return NULL_KEY;
+    }
+    let c = (ptr as u64).wrapping_sub(base) >> stride_log2;
+    if c < nclasses as u64 {
+        c as u32
+    } else {
+        NO_CLASS
+    }
+}
+
 impl GeneralHeader {
     /// The class whose segment holds `ptr`, or `None` outside every class.
     #[inline(always)]
@@ -133,18 +148,20 @@ unsafe fn alloc_class<W: Warp>(g: &GeneralHeader, warp: &W, class: u32, seed: u3
     }
     // SAFETY: forwarded contract; `class < nclasses`.
     let h = unsafe { g.class_handle(class) };
-    // SAFETY: a formatted slab segment (its chain is that one segment).
-    unsafe { slab::chain_alloc(h, warp, slab::warp_hint(seed, h.capacity)) }
+    let hint = if warp.active() == u32::MAX {
+        slab::warp_hint(seed, h.capacity)
+    } else {
+        slab::group_hint(seed, h.capacity)
+    };
+    // SAFETY: a formatted slab segment and the rest of its class's chain.
+    unsafe { slab::chain_alloc(h, warp, hint) }
 }
 
 /// The group key of `ptr` for [`free`]: its class, [`NO_CLASS`] outside every class, or a key of
 /// its own for null.
 #[inline(always)]
 pub fn free_key(g: &GeneralHeader, ptr: *mut u8) -> u32 {
-    if ptr.is_null() {
-        return NULL_KEY;
-    }
-    g.class_of_ptr(ptr).unwrap_or(NO_CLASS)
+    key_of(g.base, g.stride_log2, g.nclasses, ptr)
 }
 
 /// Frees `ptr` for each calling lane of `warp` (each lane its own pointer, of any class). Null

@@ -7,7 +7,9 @@ use crate::bump;
 use crate::bump::Bump;
 use crate::bump_block;
 use crate::general;
-use crate::heap_layout::{GeneralHeader, HeapHandle, HEAP_MAGIC, KIND_BUMP, KIND_SLAB};
+use crate::heap_layout::{
+    GeneralHeader, HeapHandle, GENERAL_CLASS_SLOTS, HEAP_MAGIC, KIND_BUMP, KIND_SLAB,
+};
 use crate::nvptx::{self, FullWarp, NvptxBlock, NvptxWarp};
 use crate::slab::{self, Slab};
 use crate::warp::Warp;
@@ -239,24 +241,28 @@ unsafe fn bump_alloc_generic(heap: *const HeapHandle, bytes: u64, align: u64) ->
 /// `heap` must be null or the address of a heap region that carve formatted and keeps alive.
 #[no_mangle]
 pub unsafe extern "C" fn carve_malloc(heap: *const GeneralHeader, bytes: u64) -> *mut u8 {
-    // SAFETY: forwarded contract.
-    let Some(g) = (unsafe { general::header(heap) }) else {
-        return core::ptr::null_mut();
-    };
     let class = general::request_class(bytes);
-    // Every lane of the full warp takes part in the match (a class test first would let some
-    // lanes skip a collective that names them); after it, `class` is the same in every lane.
-    if NvptxWarp.active() == u32::MAX
-        && FullWarp.match_all(u32::MAX, class as u64)
-        && class < g.nclasses
-    {
-        // SAFETY: `class < nclasses`: the address of that class's formatted slab segment.
-        return unsafe {
-            slab_alloc_with(g.classes[class as usize] as *const _, &FullWarp, &NvptxWarp)
+    if NvptxWarp.active() == u32::MAX {
+        // The class is known before any load, so its segment pointer comes with the header.
+        let slot = class.min(GENERAL_CLASS_SLOTS as u32 - 1);
+        // SAFETY: forwarded contract.
+        let Some((front, head)) = (unsafe { nvptx::load_general(heap, slot) }) else {
+            return core::ptr::null_mut();
         };
+        // Every lane of the full warp takes part in the match (a class test first would let
+        // some lanes skip a collective that names them); after it, `class` is the same in
+        // every lane.
+        if FullWarp.match_all(u32::MAX, class as u64) && class < front.nclasses {
+            // SAFETY: `class < nclasses`: the address of that class's formatted slab segment.
+            return unsafe { slab_alloc_with(head as *const _, &FullWarp, &NvptxWarp) };
+        }
     }
-    // SAFETY: a formatted general heap.
-    unsafe { malloc_generic(g, bytes) }
+    // SAFETY: forwarded contract.
+    match unsafe { general::header(heap) } {
+        // SAFETY: a formatted general heap.
+        Some(g) => unsafe { malloc_generic(g, bytes) },
+        None => core::ptr::null_mut(),
+    }
 }
 
 /// [`carve_malloc`] for any set of lanes and sizes.
@@ -278,29 +284,26 @@ unsafe fn malloc_generic(g: &GeneralHeader, bytes: u64) -> *mut u8 {
 /// As for [`carve_malloc`]; the block must not be used after this call.
 #[no_mangle]
 pub unsafe extern "C" fn carve_free(heap: *const GeneralHeader, ptr: *mut u8) {
-    // SAFETY: forwarded contract.
-    let Some(g) = (unsafe { general::header(heap) }) else {
-        return;
-    };
-    let key = general::free_key(g, ptr);
-    // As in `carve_malloc`: the match first, over the whole warp.
-    if NvptxWarp.active() == u32::MAX
-        && FullWarp.match_all(u32::MAX, key as u64)
-        && key < g.nclasses
-    {
-        // SAFETY: `key < nclasses`: the address of that class's formatted slab segment, which
-        // holds `ptr` if anything does.
-        return unsafe {
-            slab_free_with(
-                g.classes[key as usize] as *const _,
-                ptr,
-                &FullWarp,
-                &NvptxWarp,
-            )
+    if NvptxWarp.active() == u32::MAX {
+        // SAFETY: forwarded contract.
+        let Some((front, _)) = (unsafe { nvptx::load_general(heap, 0) }) else {
+            return;
         };
+        let key = front.free_key(ptr);
+        // As in `carve_malloc`: the match first, over the whole warp.
+        if FullWarp.match_all(u32::MAX, key as u64) && key < front.nclasses {
+            // SAFETY: a general header, and `key < nclasses <= GENERAL_CLASS_SLOTS`.
+            let head = unsafe { nvptx::load_class_pointer(heap, key) };
+            // SAFETY: the address of class `key`'s formatted slab segment, the head of the
+            // chain that holds `ptr` if anything does.
+            return unsafe { slab_free_with(head as *const _, ptr, &FullWarp, &NvptxWarp) };
+        }
     }
-    // SAFETY: a formatted general heap.
-    unsafe { free_generic(g, ptr) }
+    // SAFETY: forwarded contract.
+    if let Some(g) = unsafe { general::header(heap) } {
+        // SAFETY: a formatted general heap.
+        unsafe { free_generic(g, ptr) }
+    }
 }
 
 /// [`carve_free`] for any set of lanes and pointers.

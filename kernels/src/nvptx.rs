@@ -2,7 +2,7 @@
 
 use core::arch::nvptx;
 
-use crate::heap_layout::HeapHandle;
+use crate::heap_layout::{GeneralHeader, HeapHandle, GENERAL_CLASS_SLOTS, GENERAL_HEADER_BYTES};
 use crate::sync::atomic::AtomicU64;
 use crate::warp::Warp;
 
@@ -375,6 +375,100 @@ pub unsafe fn load_handle(heap: *const HeapHandle, tag: u64) -> Option<HeapHandl
         next,
         reserved: [0; 4],
     })
+}
+
+/// The fields of a general header that `carve_malloc` and `carve_free` read on every call.
+#[derive(Clone, Copy, Debug)]
+pub struct GeneralFront {
+    /// [`GeneralHeader::nclasses`].
+    pub nclasses: u32,
+    /// [`GeneralHeader::stride_log2`].
+    pub stride_log2: u32,
+    /// [`GeneralHeader::base`].
+    pub base: u64,
+}
+
+impl GeneralFront {
+    /// [`general::free_key`](crate::general::free_key) from these fields.
+    #[inline(always)]
+    pub fn free_key(&self, ptr: *mut u8) -> u32 {
+        crate::general::key_of(self.base, self.stride_log2, self.nclasses, ptr)
+    }
+}
+
+/// The front of the general header at `heap`, if it is one, and its class pointer `slot`
+/// (`< GENERAL_CLASS_SLOTS`): three read-only loads in flight together, where reading the tag
+/// first and the fields after its test took two or three round trips.
+///
+/// The slot is read before the tag is known. That stays inside the region whatever kind it
+/// is: every heap region carve formats is longer than a general header (a slab or bump
+/// handle and its counters alone take 896 bytes).
+///
+/// # Safety
+/// `heap` is null or the device address of a heap region (global memory, 128-byte aligned)
+/// whose first [`GENERAL_HEADER_BYTES`] the host writes only between launches.
+#[inline(always)]
+pub unsafe fn load_general(heap: *const GeneralHeader, slot: u32) -> Option<(GeneralFront, u64)> {
+    if heap.is_null() {
+        return None;
+    }
+    debug_assert!((slot as usize) < GENERAL_CLASS_SLOTS);
+    let g: u64;
+    // SAFETY: converts the generic address of a global allocation to its global-space address.
+    unsafe {
+        core::arch::asm!(
+            "cvta.to.global.u64 {g}, {p};",
+            g = out(reg64) g, p = in(reg64) heap,
+            options(pure, nomem, nostack),
+        )
+    };
+    let at = g + (core::mem::offset_of!(GeneralHeader, classes) as u64) + 8 * slot as u64;
+    let (tag, w8, base, _counters, head): (u64, u64, u64, u64, u64);
+    // SAFETY: the caller's contract and the lengths above: all three loads fall inside the
+    // region's first GENERAL_HEADER_BYTES. Not `pure`, as in `ld_nc_handle`.
+    unsafe {
+        core::arch::asm!(
+            "ld.global.nc.v2.u64 {{{t}, {w}}}, [{g}];",
+            "ld.global.nc.v2.u64 {{{b}, {c}}}, [{g}+16];",
+            "ld.global.nc.u64 {h}, [{at}];",
+            t = out(reg64) tag, w = out(reg64) w8,
+            b = out(reg64) base, c = out(reg64) _counters,
+            h = out(reg64) head,
+            g = in(reg64) g, at = in(reg64) at,
+            options(readonly, nostack),
+        )
+    };
+    if tag != crate::general::GENERAL_TAG {
+        return None;
+    }
+    let front = GeneralFront {
+        nclasses: w8 as u32,
+        stride_log2: (w8 >> 32) as u32,
+        base,
+    };
+    Some((front, head))
+}
+
+/// One read-only load of the general header's class pointer `c` (`< GENERAL_CLASS_SLOTS`).
+///
+/// # Safety
+/// As for [`load_general`], for a heap that it found to be a general one.
+#[inline(always)]
+pub unsafe fn load_class_pointer(heap: *const GeneralHeader, c: u32) -> u64 {
+    debug_assert!((c as usize) < GENERAL_CLASS_SLOTS);
+    let off = core::mem::offset_of!(GeneralHeader, classes) as u64 + 8 * c as u64;
+    let v: u64;
+    // SAFETY: the caller's contract: slot `c` of a general header in global memory, written
+    // only between launches.
+    unsafe {
+        core::arch::asm!(
+            "cvta.to.global.u64 {g}, {p};",
+            "ld.global.nc.u64 {v}, [{g}];",
+            v = out(reg64) v, g = out(reg64) _, p = in(reg64) heap as u64 + off,
+            options(readonly, nostack),
+        )
+    };
+    v
 }
 
 /// The calling thread's index in its block and the block's thread count, whatever its shape.

@@ -603,8 +603,27 @@ fn wrap_hint(hint: u64, cap: u64) -> u64 {
 /// bit reversal and one multiply.
 #[inline(always)]
 pub fn warp_hint(warp: u32, cap: u64) -> u64 {
-    let f = warp.reverse_bits() as u128;
-    (((f * cap as u128) >> 32) as u64) & !31
+    spread(warp, cap) & !31
+}
+
+/// The hint for a group of `lanes < 32` lanes of warp `warp` that ask one class while the rest
+/// of the warp asks others (`carve_malloc` with mixed sizes): [`warp_hint`] without the rounding.
+///
+/// A class then gets a share of each warp's requests, and its capacity is sized to that share,
+/// so it holds fewer than 32 blocks per warp of the grid: rounded to runs of 32, several warps
+/// would start at the same block and all but the first lose their claim to the slow path
+/// (issue 11's mixed benchmark: about 6 warps per run in the 4 KiB class). Unrounded, warps
+/// are `cap / warps` blocks apart, about the blocks each takes; a run may cross a word, which
+/// the claim handles with a second `fetch_or`.
+#[inline(always)]
+pub fn group_hint(warp: u32, cap: u64) -> u64 {
+    spread(warp, cap)
+}
+
+/// `warp` with its bits reversed, read as a fraction of `cap`.
+#[inline(always)]
+fn spread(warp: u32, cap: u64) -> u64 {
+    ((warp.reverse_bits() as u128 * cap as u128) >> 32) as u64
 }
 
 /// Allocates from the chain of slab segments starting at `h`.
@@ -665,15 +684,20 @@ pub unsafe fn chain_alloc<W: Warp>(h: &HeapHandle, warp: &W, hint: u64) -> *mut 
     p
 }
 
-/// `hint`, a block index among `from` blocks, moved to the same fraction of `to` blocks (and to
-/// a multiple of 32, as [`warp_hint`] gives).
+/// `hint`, a block index among `from` blocks, moved to the same fraction of `to` blocks: to a
+/// multiple of 32 when it was one (as [`warp_hint`] gives), else as it falls ([`group_hint`]).
 #[cold]
 #[inline(never)]
 fn rescale_hint(hint: u64, from: u64, to: u64) -> u64 {
     if from == 0 {
         return 0;
     }
-    ((hint.min(from) as u128 * to as u128 / from as u128) as u64) & !31
+    let at = (hint.min(from) as u128 * to as u128 / from as u128) as u64;
+    if hint & 31 == 0 {
+        at & !31
+    } else {
+        at
+    }
 }
 
 /// Frees `ptr` into whichever segment of the chain at `h` holds it; counts it as foreign if none.
@@ -750,6 +774,25 @@ mod tests {
                 hints.windows(2).all(|p| p[1] >= p[0] + 32),
                 "{warps} warps, cap {cap}"
             );
+        }
+    }
+
+    /// Unrounded, the first 2^k warps of a grid start `cap / 2^k` blocks apart (give or take
+    /// one), however few blocks that is.
+    #[test]
+    fn group_hints_of_a_grid_spread_evenly() {
+        for (warps, cap) in [(1u32 << 17, 655_360u64), (1 << 10, 3000), (1 << 12, 4096)] {
+            let mut hints: std::vec::Vec<u64> =
+                (0..warps).map(|w| super::group_hint(w, cap)).collect();
+            hints.sort_unstable();
+            let gap = cap / warps as u64;
+            assert!(hints.iter().all(|&h| h < cap));
+            assert!(
+                hints.windows(2).all(|p| p[1] - p[0] >= gap.max(1) - 1),
+                "{warps} warps, cap {cap}"
+            );
+            hints.dedup();
+            assert!(hints.len() as u64 >= (warps as u64).min(cap) - 1);
         }
     }
 
