@@ -241,7 +241,7 @@ impl<'a> Bump<'a> {
         let mask = warp.ballot(entered, ok);
         if !ok {
             if bytes != 0 && count.unwrap_or(self.h.next == 0) {
-                self.count_failure(warp.slot_hint(), 1);
+                self.count_failures(warp.slot_hint(), 1);
             }
             return core::ptr::null_mut();
         }
@@ -301,7 +301,7 @@ impl<'a> Bump<'a> {
     #[inline(never)]
     fn warp_failed(&self, slot: u32, n: u32, count: Option<bool>) {
         if count.unwrap_or(self.h.next == 0) {
-            self.count_failure(slot, n as u64);
+            self.count_failures(slot, n as u64);
         }
     }
 
@@ -325,11 +325,6 @@ impl<'a> Bump<'a> {
     /// Counts `n` failed requests (counter slot `slot`).
     #[inline(always)]
     pub fn count_failures(&self, slot: u32, n: u64) {
-        self.count_failure(slot, n)
-    }
-
-    #[inline(always)]
-    fn count_failure(&self, slot: u32, n: u64) {
         let i = COUNTER_FAILED_ALLOCS * COUNTER_SLOTS + slot as usize % COUNTER_SLOTS;
         // SAFETY: `counters` holds COUNTERS × COUNTER_SLOTS atomics for 'a.
         let c = unsafe { &*(self.h.counters as *const AtomicU64).add(i) };
