@@ -250,28 +250,15 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
             row.push(rate(n, add));
             let arena = DeviceHeap::bump(c.mr.clone(), &c.stream, n * bs * 3 / 2)?;
             let h = arena.device_ptr();
-            // SAFETY: the arena lives; sink is a u64.
-            let bump = time(
-                &c.dev,
-                &c.stream,
-                // SAFETY: the buffers and heap outlive the launch; see the caller.
-                || unsafe { k.bump_alloc_sink(n, h, n, bs, 16, sink) },
-                || arena.reset(),
-            )?;
-            let failed = arena.stats()?.failed_allocs;
-            row.push(with_failures(rate(n, bump), failed));
+            // SAFETY: the arena outlives the launch; sink is a u64.
+            let bump = || unsafe { k.bump_alloc_sink(n, h, n, bs, 16, sink) };
+            row.push(bump_rate(&c, n, &arena, bump)?);
             arena.reset()?;
             // The block-cooperative entry point: one reservation per block of 256 threads.
-            let block = time(
-                &c.dev,
-                &c.stream,
-                // SAFETY: the buffers and heap outlive the launch; see the caller.
-                || unsafe { k.bump_alloc_block_sink(n, h, n, bs, 16, sink) },
-                || arena.reset(),
-            )?;
-            let failed = arena.stats()?.failed_allocs;
+            // SAFETY: as above.
+            let block = || unsafe { k.bump_alloc_block_sink(n, h, n, bs, 16, sink) };
+            row.push(bump_rate(&c, n, &arena, block)?);
             drop(arena);
-            row.push(with_failures(rate(n, block), failed));
             let (a, f) = slab(&c, n, bs, n + n / 2, &out, false)?;
             row.push(format!("{a:.1}"));
             row.push(format!("{f:.1}"));
@@ -301,6 +288,19 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
     let mixed = mixed_sizes(&c, quick)?;
     let classes = per_class(&c, quick)?;
     Ok(vec![table, mixed, classes])
+}
+
+/// The rate of `alloc`, a launch of `n` requests into `arena` timed with `time` (the arena reset
+/// after each run), with the failed allocations that the arena's statistics then hold.
+fn bump_rate(
+    c: &Ctx,
+    n: u64,
+    arena: &DeviceHeap,
+    alloc: impl FnMut() -> carve::Result<()>,
+) -> carve::Result<String> {
+    let ms = time(&c.dev, &c.stream, alloc, || arena.reset())?;
+    let failed = arena.stats()?.failed_allocs;
+    Ok(with_failures(rate(n, ms), failed))
 }
 
 /// `rate`, with the failed requests when there were any.

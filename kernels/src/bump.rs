@@ -14,10 +14,11 @@
 //! it ends at most the requests in flight past the capacity. A slot's byte count can run past its chunk only by what the warps resident on that SM add
 //! before the closer installs the next chunk (each at most a quarter chunk), far below 2^32.
 
+use crate::chain::{self, SegmentAlloc};
 use crate::heap_layout::*;
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::spin_loop;
-use crate::warp::{rank_in, Among, Warp};
+use crate::warp::{rank_in, Warp};
 
 /// Granule of every reservation: all sizes are rounded up to it, and chunks start on it.
 pub const GRANULE: u64 = 16;
@@ -240,7 +241,7 @@ impl<'a> Bump<'a> {
         let mask = warp.ballot(entered, ok);
         if !ok {
             if bytes != 0 && count.unwrap_or(self.h.next == 0) {
-                self.count_failure(warp.slot_hint(), 1);
+                self.count_failures(warp.slot_hint(), 1);
             }
             return core::ptr::null_mut();
         }
@@ -300,7 +301,7 @@ impl<'a> Bump<'a> {
     #[inline(never)]
     fn warp_failed(&self, slot: u32, n: u32, count: Option<bool>) {
         if count.unwrap_or(self.h.next == 0) {
-            self.count_failure(slot, n as u64);
+            self.count_failures(slot, n as u64);
         }
     }
 
@@ -324,11 +325,6 @@ impl<'a> Bump<'a> {
     /// Counts `n` failed requests (counter slot `slot`).
     #[inline(always)]
     pub fn count_failures(&self, slot: u32, n: u64) {
-        self.count_failure(slot, n)
-    }
-
-    #[inline(always)]
-    fn count_failure(&self, slot: u32, n: u64) {
         let i = COUNTER_FAILED_ALLOCS * COUNTER_SLOTS + slot as usize % COUNTER_SLOTS;
         // SAFETY: `counters` holds COUNTERS × COUNTER_SLOTS atomics for 'a.
         let c = unsafe { &*(self.h.counters as *const AtomicU64).add(i) };
@@ -354,46 +350,27 @@ fn wrap_slot(s: u32, n: u32) -> u32 {
     s % n
 }
 
-/// Allocates from the chain of bump segments starting at `h`.
+/// Allocates from the chain of bump segments starting at `h`, segment by segment, `bytes`
+/// aligned to `align` for each calling lane, as for [`Bump::alloc`].
 ///
 /// # Safety
 /// `h` and every `next` handle must satisfy [`Bump::new`] for the duration of the call.
 #[inline(always)]
 pub unsafe fn chain_alloc<W: Warp>(h: &HeapHandle, warp: &W, bytes: u64, align: u64) -> *mut u8 {
-    if W::TRACKS_ACTIVE {
-        // As in `slab::chain_alloc`: the served lanes leave, `active()` names the rest.
-        let mut h = h;
-        loop {
-            let last = h.next == 0;
-            // SAFETY: the caller vouches for every segment.
-            let p = unsafe { Bump::new(h) }.alloc(warp, bytes, align, last);
-            if !p.is_null() || last {
-                return p;
-            }
-            // SAFETY: as above.
-            h = unsafe { &*(h.next as *const HeapHandle) };
-        }
+    // SAFETY: forwarded contract; `BumpSegments` views each segment with `Bump::new`.
+    unsafe { chain::alloc(h, warp, BumpSegments { bytes, align }) }
+}
+
+/// [`chain_alloc`]'s allocation from one segment: the same request in each.
+struct BumpSegments {
+    bytes: u64,
+    align: u64,
+}
+
+impl SegmentAlloc for BumpSegments {
+    #[inline(always)]
+    unsafe fn alloc<V: Warp>(&mut self, seg: &HeapHandle, warp: &V, last: bool) -> *mut u8 {
+        // SAFETY: the trait's contract, for a bump segment.
+        unsafe { Bump::new(seg) }.alloc(warp, self.bytes, self.align, last)
     }
-    let active = warp.active();
-    // SAFETY: the caller vouches for every segment.
-    let mut p = unsafe { Bump::new(h) }.alloc(warp, bytes, align, h.next == 0);
-    let mut h = h;
-    while h.next != 0 {
-        // As in `slab::chain_alloc`: the lanes left without a block go on as a warp of their own.
-        let pending = warp.ballot(active, p.is_null());
-        if pending == 0 {
-            break;
-        }
-        // SAFETY: as above.
-        h = unsafe { &*(h.next as *const HeapHandle) };
-        if p.is_null() {
-            let rest = Among {
-                warp,
-                mask: pending,
-            };
-            // SAFETY: as above; exactly the lanes of `pending` make this call.
-            p = unsafe { Bump::new(h) }.alloc(&rest, bytes, align, h.next == 0);
-        }
-    }
-    p
 }

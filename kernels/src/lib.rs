@@ -28,6 +28,7 @@ extern crate alloc;
 pub mod blocks;
 pub mod bump;
 pub mod bump_block;
+mod chain;
 pub mod general;
 pub mod global_alloc;
 pub mod heap_layout;

@@ -31,9 +31,10 @@
 //!
 //! Every access to heap memory goes through the addresses in the [`HeapHandle`].
 
+use crate::chain::{self, SegmentAlloc};
 use crate::heap_layout::*;
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use crate::warp::{lowest_set_bits, nth_set_bit, rank_in, Among, Warp};
+use crate::warp::{lowest_set_bits, nth_set_bit, rank_in, Warp};
 
 /// A view of one formatted slab segment.
 #[derive(Clone, Copy, Debug)]
@@ -626,62 +627,46 @@ fn spread(warp: u32, cap: u64) -> u64 {
     ((warp.reverse_bits() as u128 * cap as u128) >> 32) as u64
 }
 
-/// Allocates from the chain of slab segments starting at `h`.
-///
-/// Two walks, chosen at compile time: a warp whose `active()` follows the lanes running (the
-/// GPU's `activemask`) simply loops, as the lanes a segment served leave; a fixed set of lanes
-/// goes on as a narrower [`Among`]. The first keeps the GPU's generic path small: ptxas inlines
-/// it into the kernels, and a larger one made it spill the fast path (H100, 2^24 × 16 B:
-/// 127.8 -> 100 G/s).
+/// Allocates from the chain of slab segments starting at `h`, segment by segment, a block for
+/// each calling lane; `hint` is a block index of the first segment, as for [`Slab::alloc`], and
+/// moves to the same place in proportion in each later one.
 ///
 /// # Safety
 /// `h` and every `next` handle must satisfy [`Slab::new`] for the duration of the call.
 #[inline(always)]
 pub unsafe fn chain_alloc<W: Warp>(h: &HeapHandle, warp: &W, hint: u64) -> *mut u8 {
-    if W::TRACKS_ACTIVE {
-        // The served lanes leave; `active()` then names the rest by itself.
-        let mut h = h;
-        let first_capacity = h.capacity;
-        let mut at = hint;
-        loop {
-            let last = h.next == 0;
-            // SAFETY: the caller vouches for every segment of the chain.
-            let p = unsafe { Slab::new(h) }.alloc(warp, at, last);
-            if !p.is_null() || last {
-                return p;
-            }
-            // SAFETY: as above; `next` is a handle of the chain.
-            h = unsafe { &*(h.next as *const HeapHandle) };
-            at = rescale_hint(hint, first_capacity, h.capacity);
-        }
+    let each = SlabSegments {
+        hint,
+        first_capacity: h.capacity,
+        at: hint,
+    };
+    // SAFETY: forwarded contract; `SlabSegments` views each segment with `Slab::new`.
+    unsafe { chain::alloc(h, warp, each) }
+}
+
+/// [`chain_alloc`]'s allocation from one segment: from `at`, the hint moved to that segment.
+struct SlabSegments {
+    /// The caller's hint, a block index of the first segment.
+    hint: u64,
+    /// The first segment's blocks.
+    first_capacity: u64,
+    /// Where the current segment's allocation starts.
+    at: u64,
+}
+
+impl SegmentAlloc for SlabSegments {
+    #[inline(always)]
+    unsafe fn alloc<V: Warp>(&mut self, seg: &HeapHandle, warp: &V, last: bool) -> *mut u8 {
+        // SAFETY: the trait's contract, for a slab segment.
+        unsafe { Slab::new(seg) }.alloc(warp, self.at, last)
     }
-    let active = warp.active();
-    let first_capacity = h.capacity;
-    // SAFETY: the caller vouches for every segment of the chain.
-    let mut p = unsafe { Slab::new(h) }.alloc(warp, hint, h.next == 0);
-    let mut h = h;
-    while h.next != 0 {
-        // The lanes a segment left without a block go on to the next as a warp of their own:
-        // `warp` may name a fixed set of lanes (`Among`), and the served ones take no part.
-        let pending = warp.ballot(active, p.is_null());
-        if pending == 0 {
-            break;
-        }
-        // SAFETY: as above; `next` is a handle of the chain.
-        h = unsafe { &*(h.next as *const HeapHandle) };
-        if p.is_null() {
-            let rest = Among {
-                warp,
-                mask: pending,
-            };
-            // The same place in proportion: a hint spread over the first segment would crowd
-            // every warp into the start of a larger one.
-            let at = rescale_hint(hint, first_capacity, h.capacity);
-            // SAFETY: as above; exactly the lanes of `pending` make this call.
-            p = unsafe { Slab::new(h) }.alloc(&rest, at, h.next == 0);
-        }
+
+    /// The same place in proportion: a hint spread over the first segment would crowd every
+    /// warp into the start of a larger one.
+    #[inline(always)]
+    fn entering(&mut self, seg: &HeapHandle) {
+        self.at = rescale_hint(self.hint, self.first_capacity, seg.capacity);
     }
-    p
 }
 
 /// `hint`, a block index among `from` blocks, moved to the same fraction of `to` blocks: to a

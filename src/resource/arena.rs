@@ -217,6 +217,7 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
             bytes,
             align,
             Reach::Synchronize,
+            None,
         )? {
             return Ok(p);
         }

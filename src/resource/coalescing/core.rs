@@ -31,7 +31,7 @@ use super::super::stream_order::MARK_EVERY;
 
 mod placed;
 use super::super::StreamOrder;
-pub(crate) use placed::{allocate_placed, Placer};
+pub(crate) use placed::Placer;
 
 /// Every block is a multiple of this, at an address aligned to it.
 pub(crate) const GRAIN: usize = DEFAULT_ALIGNMENT;
@@ -765,7 +765,8 @@ pub(crate) enum Reach {
 /// stream's last mark); then, with [`Reach::Synchronize`] and if free memory could serve the
 /// request, every free block merged after one device-wide synchronisation, so fragmentation
 /// across streams never forces growth. No stream but `stream` is named to `order`'s driver
-/// calls.
+/// calls. Each block is placed with `placer` when one is given ([`Placer`]), by best fit
+/// otherwise.
 #[inline]
 pub(crate) fn allocate_from(
     core: &mut PoolCore,
@@ -774,8 +775,33 @@ pub(crate) fn allocate_from(
     bytes: usize,
     align: usize,
     reach: Reach,
+    placer: Option<&dyn Placer>,
 ) -> Result<Option<NonNull<u8>>> {
-    allocate_placed(core, order, stream, bytes, align, reach, None)
+    let id = stream.id();
+    if let Some(p) = core.take_with(id, bytes, align, placer) {
+        return Ok(Some(p));
+    }
+    // Marks are worth their driver call only while other streams' blocks could help.
+    if core.others_hold_free(id) {
+        core.note_demand();
+    }
+    if let Some((victim, node)) = core.sealed_fit_elsewhere(id, bytes, align) {
+        order.wait_for_mark(stream, victim)?;
+        core.adopt(node, id);
+        if let Some(p) = core.take_with(id, bytes, align, placer) {
+            return Ok(Some(p));
+        }
+    }
+    let needed = footprint(bytes, align).map_or(usize::MAX, |f| f.1);
+    if reach == Reach::Synchronize
+        && core.others_hold_free(id)
+        && core.pool_size() - core.in_use() >= needed
+    {
+        order.synchronize_all()?;
+        core.merge_all();
+        return Ok(core.take_with(id, bytes, align, placer));
+    }
+    Ok(None)
 }
 
 /// Frees a block into `core`, sealing `stream`'s fresh blocks when a mark is due (or at once
@@ -857,7 +883,16 @@ mod tests {
         let s = StreamRef::simulated(3);
         assert!(c.take(s.id(), 2 * GRAIN, GRAIN).is_none());
         let order = RecordingOrder::new();
-        let p = allocate_from(&mut c, &order, s, 2 * GRAIN, GRAIN, Reach::Synchronize).unwrap();
+        let p = allocate_from(
+            &mut c,
+            &order,
+            s,
+            2 * GRAIN,
+            GRAIN,
+            Reach::Synchronize,
+            None,
+        )
+        .unwrap();
         assert!(p.is_some());
         assert_eq!(order.events(), vec![OrderEvent::SyncAll]);
         c.check_invariants().unwrap();
@@ -874,7 +909,7 @@ mod tests {
         assert!(c.sealed_fit_elsewhere(B.id(), GRAIN, GRAIN).is_none());
         order.mark(A).unwrap();
         c.seal(A.id());
-        let p = allocate_from(&mut c, &order, B, GRAIN, GRAIN, Reach::Synchronize)
+        let p = allocate_from(&mut c, &order, B, GRAIN, GRAIN, Reach::Synchronize, None)
             .unwrap()
             .unwrap();
         assert_eq!(
@@ -905,7 +940,7 @@ mod tests {
         cycle(&mut c);
         assert_eq!(order.events(), vec![], "no stream wants A's blocks");
         // B runs short (A's blocks are fresh: reaching them takes a synchronisation).
-        let p = allocate_from(&mut c, &order, B, 300, GRAIN, Reach::Synchronize)
+        let p = allocate_from(&mut c, &order, B, 300, GRAIN, Reach::Synchronize, None)
             .unwrap()
             .unwrap();
         assert_eq!(order.events(), vec![OrderEvent::SyncAll]);
@@ -957,9 +992,16 @@ mod tests {
                 if rng.random_bool(0.6) {
                     let bytes = rng.random_range(1..8 * GRAIN);
                     let align = GRAIN << rng.random_range(0..3);
-                    if let Some(p) =
-                        allocate_from(&mut c, &HostOrder, s, bytes, align, Reach::Synchronize)
-                            .unwrap()
+                    if let Some(p) = allocate_from(
+                        &mut c,
+                        &HostOrder,
+                        s,
+                        bytes,
+                        align,
+                        Reach::Synchronize,
+                        None,
+                    )
+                    .unwrap()
                     {
                         let a = p.as_ptr() as usize;
                         assert_eq!(a % align, 0);

@@ -351,6 +351,7 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
                     want,
                     GRAIN,
                     Reach::Events,
+                    None,
                 )?;
                 if let Some(p) = got {
                     return Ok(Some(Slab::Got(p.as_ptr() as usize, want)));
@@ -474,7 +475,7 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
             let held = {
                 let mut core = lock(&shard.core);
                 if let Some(p) =
-                    allocate_from(&mut core, order, stream, bytes, align, Reach::Events)?
+                    allocate_from(&mut core, order, stream, bytes, align, Reach::Events, None)?
                 {
                     return Ok(p);
                 }
@@ -515,8 +516,15 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
                     drop(global);
                     for other in self.inner.shards.iter() {
                         let mut core = lock(&other.core);
-                        let got =
-                            allocate_from(&mut core, order, stream, bytes, align, Reach::Events)?;
+                        let got = allocate_from(
+                            &mut core,
+                            order,
+                            stream,
+                            bytes,
+                            align,
+                            Reach::Events,
+                            None,
+                        )?;
                         if let Some(p) = got {
                             return Ok(p);
                         }

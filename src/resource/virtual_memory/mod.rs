@@ -55,7 +55,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use self::pages::Pages;
 use super::coalescing::core::{
-    allocate_placed, footprint, free_into, Placer, PoolCore, Reach, GRAIN,
+    allocate_from, footprint, free_into, Placer, PoolCore, Reach, GRAIN,
 };
 use super::StreamOrder;
 use super::{align_up, check_request, CudaOrder, HostOrder, MemoryResource, Properties};
@@ -474,12 +474,11 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
         let reach = Reach::Synchronize;
         let st = &mut *st;
         let place = Some(&st.pages as &dyn Placer);
-        let found = match allocate_placed(&mut st.core, order, stream, bytes, align, reach, place)?
-        {
+        let found = match allocate_from(&mut st.core, order, stream, bytes, align, reach, place)? {
             Some(p) => Some(p),
             None if self.extend(st, needed) => {
                 let place = Some(&st.pages as &dyn Placer);
-                allocate_placed(&mut st.core, order, stream, bytes, align, reach, place)?
+                allocate_from(&mut st.core, order, stream, bytes, align, reach, place)?
             }
             None => None,
         };

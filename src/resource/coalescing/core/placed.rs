@@ -6,10 +6,9 @@
 
 use std::ptr::NonNull;
 
-use super::{fresh_bin, sealed_bin, PoolCore, Reach, ANY, GRAIN};
-use crate::error::Result;
-use crate::resource::{align_up, StreamOrder};
-use crate::stream::{StreamId, StreamRef};
+use super::{fresh_bin, sealed_bin, PoolCore, ANY, GRAIN};
+use crate::resource::align_up;
+use crate::stream::StreamId;
 
 /// At most this many free blocks are weighed per search.
 pub(crate) const SEARCH_LIMIT: usize = 512;
@@ -69,7 +68,9 @@ impl PoolCore {
         Some(self.carve_at(best.2, best.3, size, bytes))
     }
 
-    fn take_with(
+    /// [`take`](Self::take), or [`take_placed`](Self::take_placed) with `placer` when one is
+    /// given.
+    pub(super) fn take_with(
         &mut self,
         stream: StreamId,
         bytes: usize,
@@ -81,44 +82,6 @@ impl PoolCore {
             Some(p) => self.take_placed(stream, bytes, align, p),
         }
     }
-}
-
-/// [`allocate_from`](super::allocate_from), placing each block with `placer` when one is given.
-#[inline]
-pub(crate) fn allocate_placed(
-    core: &mut PoolCore,
-    order: &dyn StreamOrder,
-    stream: StreamRef<'_>,
-    bytes: usize,
-    align: usize,
-    reach: Reach,
-    placer: Option<&dyn Placer>,
-) -> Result<Option<NonNull<u8>>> {
-    let id = stream.id();
-    if let Some(p) = core.take_with(id, bytes, align, placer) {
-        return Ok(Some(p));
-    }
-    // Marks are worth their driver call only while other streams' blocks could help.
-    if core.others_hold_free(id) {
-        core.note_demand();
-    }
-    if let Some((victim, node)) = core.sealed_fit_elsewhere(id, bytes, align) {
-        order.wait_for_mark(stream, victim)?;
-        core.adopt(node, id);
-        if let Some(p) = core.take_with(id, bytes, align, placer) {
-            return Ok(Some(p));
-        }
-    }
-    let needed = super::footprint(bytes, align).map_or(usize::MAX, |f| f.1);
-    if reach == Reach::Synchronize
-        && core.others_hold_free(id)
-        && core.pool_size() - core.in_use() >= needed
-    {
-        order.synchronize_all()?;
-        core.merge_all();
-        return Ok(core.take_with(id, bytes, align, placer));
-    }
-    Ok(None)
 }
 
 #[cfg(test)]
