@@ -291,16 +291,20 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
 }
 
 /// The rate of `alloc`, a launch of `n` requests into `arena` timed with `time` (the arena reset
-/// after each run), with the failed allocations that the arena's statistics then hold.
+/// after each run), with the failed allocations of every launch.
 fn bump_rate(
     c: &Ctx,
     n: u64,
     arena: &DeviceHeap,
     alloc: impl FnMut() -> carve::Result<()>,
 ) -> carve::Result<String> {
-    let ms = time(&c.dev, &c.stream, alloc, || arena.reset())?;
-    let failed = arena.stats()?.failed_allocs;
-    Ok(with_failures(rate(n, ms), failed))
+    // A reset restarts the statistics too, so each launch's failures are read before it.
+    let failed = std::cell::Cell::new(0);
+    let ms = time(&c.dev, &c.stream, alloc, || {
+        failed.set(failed.get() + arena.stats()?.failed_allocs);
+        arena.reset()
+    })?;
+    Ok(with_failures(rate(n, ms), failed.get()))
 }
 
 /// `rate`, with the failed requests when there were any.
