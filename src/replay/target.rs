@@ -7,10 +7,10 @@ use crate::adaptor::{StatisticsResourceAdaptor, TrackingResourceAdaptor};
 use crate::driver::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::resource::{
-    ArenaMemoryResource, ArenaOptions, AsyncMemoryResource, BinningMemoryResource,
-    CudaBackingOptions, CudaMemoryResource, ExpandableMemoryResource, ExpandableOptions,
-    FixedSizeMemoryResource, FixedSizeOptions, HostMemoryResource, PhysicalBacking,
-    PoolMemoryResource, PoolOptions, SharedResource, SimulatedMemoryResource,
+    default_order, ArenaMemoryResource, ArenaOptions, AsyncMemoryResource, BinningMemoryResource,
+    CountingOrder, CudaBackingOptions, CudaMemoryResource, ExpandableMemoryResource,
+    ExpandableOptions, FixedSizeMemoryResource, FixedSizeOptions, HostMemoryResource,
+    PhysicalBacking, PoolMemoryResource, PoolOptions, SharedResource, SimulatedMemoryResource,
     VirtualMemoryResource, VirtualOptions,
 };
 use crate::stream::StreamRef;
@@ -336,6 +336,7 @@ fn expandable_resource<B: PhysicalBacking>(r: ExpandableMemoryResource<B>) -> Pr
         fragmentation: None,
         peak_reserved: Some(Box::new(move || peak.stats().peak_physical)),
         upstream: None,
+        order: None,
         notes: Some(Box::new(move || {
             let s = notes.stats();
             let c = s.calls;
@@ -374,6 +375,7 @@ fn virtual_resource<B: PhysicalBacking>(r: VirtualMemoryResource<B>) -> Probes {
         // Free pages anywhere can be moved together: the largest request that fits.
         largest_free: Some(Box::new(move || hole.stats().mappable)),
         upstream: None,
+        order: None,
         notes: Some(Box::new(move || {
             let s = notes.stats();
             format!(
@@ -400,9 +402,33 @@ fn counted_suballocator<U: crate::resource::MemoryResource + 'static>(
     let (up, tracker) = tracked(Arc::new(counted.clone()));
     let mut p = suballocator(opts, up)?;
     p.upstream = Some(tracker);
+    let traffic = counted.clone();
     p.peak_reserved = Some(Box::new(move || {
         counted.bytes_counter().peak.max(0) as usize
     }));
+    // What the driver was asked for, on a GPU: a suballocator's time beyond its own
+    // bookkeeping is mostly these calls (growth costs by the byte, ordering by the call).
+    let order = p.order.take();
+    p.notes.get_or_insert_with(|| {
+        Box::new(move || {
+            let (bytes, blocks) = (traffic.bytes_counter(), traffic.allocations_counter());
+            let mut line = format!(
+                "upstream: {} allocation(s) of {:.2} GiB in all, {} freed so far",
+                blocks.total,
+                bytes.total as f64 / (1u64 << 30) as f64,
+                blocks.total - blocks.value,
+            );
+            if let Some(o) = &order {
+                let c = o.counts();
+                line += &format!(
+                    "; ordering: {} mark(s), {} wait(s), {} device and {} stream \
+                     synchronisation(s)",
+                    c.marks, c.waits, c.device_synchronizations, c.stream_synchronizations
+                );
+            }
+            line
+        })
+    });
     Ok(p)
 }
 
@@ -416,7 +442,9 @@ fn counted_suballocator<U: crate::resource::MemoryResource + 'static>(
 ///
 /// For the pool, the probes include its fragmentation and largest free block.
 fn suballocator(opts: &ResourceOptions, upstream: SharedResource) -> Result<Probes> {
-    let mut pool = PoolOptions::new(opts.initial_size.unwrap_or(0));
+    // The order the resource would pick itself, counted for the report.
+    let order = Arc::new(CountingOrder::new(default_order(&upstream)?));
+    let mut pool = PoolOptions::new(opts.initial_size.unwrap_or(0)).order(order.clone());
     pool.maximum_size = opts.maximum_size;
     let resource: SharedResource = match opts.kind {
         ResourceKind::Pool => {
@@ -425,6 +453,7 @@ fn suballocator(opts: &ResourceOptions, upstream: SharedResource) -> Result<Prob
             let mut p = Probes::plain(Arc::new(pool));
             p.fragmentation = Some(Box::new(move || frag.stats().fragmentation));
             p.largest_free = Some(Box::new(move || hole.stats().largest_free_block));
+            p.order = Some(order);
             return Ok(p);
         }
         ResourceKind::Arena => Arc::new(ArenaMemoryResource::new(
@@ -434,10 +463,11 @@ fn suballocator(opts: &ResourceOptions, upstream: SharedResource) -> Result<Prob
                 ..ArenaOptions::default()
             },
         )?),
-        ResourceKind::Fixed => Arc::new(FixedSizeMemoryResource::new(
-            upstream,
-            FixedSizeOptions::new(opts.block_size.unwrap_or(1 << 20)),
-        )?),
+        ResourceKind::Fixed => {
+            let mut fixed = FixedSizeOptions::new(opts.block_size.unwrap_or(1 << 20));
+            fixed.order = Some(order.clone());
+            Arc::new(FixedSizeMemoryResource::new(upstream, fixed)?)
+        }
         ResourceKind::Binning => {
             let largest = opts.block_size.unwrap_or(4 << 20);
             if !largest.is_power_of_two() || largest < 256 {
@@ -451,7 +481,9 @@ fn suballocator(opts: &ResourceOptions, upstream: SharedResource) -> Result<Prob
                     upstream, 8, max_exp, pool,
                 )?),
                 LargeUpstream::Direct => {
-                    Arc::new(BinningMemoryResource::new(upstream, 8, max_exp)?)
+                    // Its bins pick their own order, so there is nothing complete to count.
+                    let binning = BinningMemoryResource::new(upstream, 8, max_exp)?;
+                    return Ok(Probes::plain(Arc::new(binning)));
                 }
             }
         }
@@ -466,7 +498,9 @@ fn suballocator(opts: &ResourceOptions, upstream: SharedResource) -> Result<Prob
             )))
         }
     };
-    Ok(Probes::plain(resource))
+    let mut p = Probes::plain(resource);
+    p.order = Some(order);
+    Ok(p)
 }
 
 /// Reads a fragmentation ratio (0: none) for the report.
@@ -486,6 +520,8 @@ struct Probes {
     largest_free: Option<SizeProbe>,
     notes: Option<NoteProbe>,
     upstream: Option<TrackingResourceAdaptor<SharedResource>>,
+    /// The suballocator's stream ordering, counted, where every part of it uses that order.
+    order: Option<Arc<CountingOrder>>,
 }
 
 impl Probes {
@@ -497,6 +533,7 @@ impl Probes {
             largest_free: None,
             notes: None,
             upstream: None,
+            order: None,
         }
     }
 

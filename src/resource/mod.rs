@@ -44,7 +44,11 @@ pub use pinned::{
 };
 pub use pool::{PoolMemoryResource, PoolOptions, PoolStats};
 pub use simulated::{SimulatedMemoryResource, SimulatedUsage};
-pub use stream_order::{CudaOrder, HostOrder, OrderEvent, RecordingOrder, StreamOrder, MARK_EVERY};
+pub(crate) use stream_order::default_order;
+pub use stream_order::{
+    CountingOrder, CudaOrder, HostOrder, OrderCounts, OrderEvent, RecordingOrder, StreamOrder,
+    MARK_EVERY,
+};
 #[cfg(target_os = "linux")]
 pub use virtual_memory::HostBacking;
 #[cfg(unix)]

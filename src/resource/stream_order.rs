@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::MemoryResource;
@@ -133,6 +134,75 @@ impl StreamOrder for RecordingOrder {
     fn synchronize(&self, stream: StreamRef<'_>) -> Result<()> {
         self.push(OrderEvent::Sync(stream.id()));
         Ok(())
+    }
+}
+
+/// An ordering that forwards every request to another and counts them, so that a report can
+/// say how often a suballocator made the device order its streams (`carve replay` does).
+#[derive(Debug)]
+pub struct CountingOrder {
+    inner: Arc<dyn StreamOrder>,
+    marks: AtomicU64,
+    waits: AtomicU64,
+    device_syncs: AtomicU64,
+    stream_syncs: AtomicU64,
+}
+
+/// What a [`CountingOrder`] was asked for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OrderCounts {
+    /// `mark`s (an event record each, on a GPU).
+    pub marks: u64,
+    /// `wait_for_mark`s between distinct streams (a `cuStreamWaitEvent` each, or a device
+    /// synchronisation for a stream never marked).
+    pub waits: u64,
+    /// `synchronize_all`s (device-wide synchronisations).
+    pub device_synchronizations: u64,
+    /// `synchronize`s of one stream.
+    pub stream_synchronizations: u64,
+}
+
+impl CountingOrder {
+    /// Counts the requests passed on to `inner`.
+    pub fn new(inner: Arc<dyn StreamOrder>) -> Self {
+        CountingOrder {
+            inner,
+            marks: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+            device_syncs: AtomicU64::new(0),
+            stream_syncs: AtomicU64::new(0),
+        }
+    }
+
+    /// The counts so far.
+    pub fn counts(&self) -> OrderCounts {
+        OrderCounts {
+            marks: self.marks.load(Ordering::Relaxed),
+            waits: self.waits.load(Ordering::Relaxed),
+            device_synchronizations: self.device_syncs.load(Ordering::Relaxed),
+            stream_synchronizations: self.stream_syncs.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl StreamOrder for CountingOrder {
+    fn mark(&self, stream: StreamRef<'_>) -> Result<()> {
+        self.marks.fetch_add(1, Ordering::Relaxed);
+        self.inner.mark(stream)
+    }
+    fn wait_for_mark(&self, waiter: StreamRef<'_>, signaller: StreamId) -> Result<()> {
+        if waiter.id() != signaller {
+            self.waits.fetch_add(1, Ordering::Relaxed);
+        }
+        self.inner.wait_for_mark(waiter, signaller)
+    }
+    fn synchronize_all(&self) -> Result<()> {
+        self.device_syncs.fetch_add(1, Ordering::Relaxed);
+        self.inner.synchronize_all()
+    }
+    fn synchronize(&self, stream: StreamRef<'_>) -> Result<()> {
+        self.stream_syncs.fetch_add(1, Ordering::Relaxed);
+        self.inner.synchronize(stream)
     }
 }
 
@@ -286,6 +356,48 @@ mod tests {
                 OrderEvent::SyncAll,
                 OrderEvent::Sync(b)
             ]
+        );
+    }
+
+    /// Counts what a pool asks for and passes every request on: a block freed on one stream
+    /// and wanted on another costs a mark and a wait, and both reach the inner order.
+    #[test]
+    fn counting_order_counts_and_forwards_what_a_pool_asks() {
+        let log = Arc::new(RecordingOrder::new());
+        let counting = Arc::new(CountingOrder::new(log.clone()));
+        let pool = PoolMemoryResource::new(
+            HostMemoryResource::new(),
+            PoolOptions::new(1 << 20).order(counting.clone()).shards(1),
+        )
+        .unwrap();
+        let (a, b) = (StreamRef::simulated(1), StreamRef::simulated(2));
+        let mut blocks = Vec::new();
+        for _ in 0..4 {
+            blocks.push(pool.allocate(a, 256 << 10, 256).unwrap());
+        }
+        for p in blocks {
+            // SAFETY: allocated above from this pool with these arguments, freed once.
+            unsafe { pool.deallocate(a, p, 256 << 10, 256) }.unwrap();
+        }
+        // All of the pool's memory was freed on `a`; `b` can have it only through ordering.
+        let p = pool.allocate(b, 1 << 20, 256).unwrap();
+        // SAFETY: as above.
+        unsafe { pool.deallocate(b, p, 1 << 20, 256) }.unwrap();
+        let events = log.events();
+        let count = |f: fn(&OrderEvent) -> bool| events.iter().filter(|e| f(e)).count() as u64;
+        let counts = counting.counts();
+        assert_eq!(
+            counts,
+            OrderCounts {
+                marks: count(|e| matches!(e, OrderEvent::Mark(_))),
+                waits: count(|e| matches!(e, OrderEvent::Wait { .. })),
+                device_synchronizations: count(|e| matches!(e, OrderEvent::SyncAll)),
+                stream_synchronizations: count(|e| matches!(e, OrderEvent::Sync(_))),
+            }
+        );
+        assert!(
+            counts.waits + counts.device_synchronizations > 0,
+            "{counts:?}: the second stream took memory freed on the first without ordering"
         );
     }
 }
