@@ -335,6 +335,9 @@ const_assert_eq!(core::mem::offset_of!(GeneralHeader, base), 16);
 const_assert_eq!(core::mem::offset_of!(GeneralHeader, counters), 24);
 const_assert_eq!(core::mem::offset_of!(GeneralHeader, classes), 32);
 const_assert!(GENERAL_HEADER_BYTES + COUNTERS_BYTES <= GENERAL_CLASSES_OFFSET);
+// `carve_malloc` reads the header's class pointer before it knows the region is a general heap:
+// every region carve formats (a slab or bump handle and its counters first) must hold it.
+const_assert!(HANDLE_BYTES + COUNTERS_BYTES >= GENERAL_HEADER_BYTES);
 const_assert!(crate::size_class::NUM_CLASSES <= GENERAL_CLASS_SLOTS);
 
 /// One class of a [`GeneralPlan`]: a slab segment of `capacity` blocks of `block_size` bytes.

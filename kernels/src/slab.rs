@@ -613,9 +613,9 @@ pub fn warp_hint(warp: u32, cap: u64) -> u64 {
 /// A class then gets a share of each warp's requests, and its capacity is sized to that share,
 /// so it holds fewer than 32 blocks per warp of the grid: rounded to runs of 32, several warps
 /// would start at the same block and all but the first lose their claim to the slow path
-/// (issue 11's mixed benchmark: about 6 warps per run in the 4 KiB class). Unrounded, warps
-/// are `cap / warps` blocks apart, about the blocks each takes; a run may cross a word, which
-/// the claim handles with a second `fetch_or`.
+/// (in the 4 KiB class of `carve bench device-alloc`'s 2^22 mixed row, some 6 warps per run of
+/// 32). Unrounded, warps are `cap / warps` blocks apart, about the blocks each takes; a run may
+/// cross a word, which the claim handles with a second `fetch_or`.
 #[inline(always)]
 pub fn group_hint(warp: u32, cap: u64) -> u64 {
     spread(warp, cap)
