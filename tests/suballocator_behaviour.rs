@@ -567,3 +567,35 @@ fn arena_grows_before_it_synchronises_and_synchronises_only_at_its_maximum() {
         mr.check_invariants().unwrap();
     }
 }
+
+/// Past 512 MiB a shard stops doubling: it grows by 512 MiB (or by the request), so the pool
+/// reserves at most that much beyond what it needs instead of up to as much again.
+#[test]
+fn growth_stops_doubling_at_512_mib() {
+    let sim = carve::SimulatedMemoryResource::new(64 << 30).unwrap();
+    let pool = PoolMemoryResource::new(
+        sim.clone(),
+        PoolOptions::new(0).order(Arc::new(carve::resource::HostOrder)),
+    )
+    .unwrap();
+    let s = stream(0);
+    let mut live = Vec::new();
+    for _ in 0..40 {
+        live.push(pool.allocate(s, 100 * MIB, 256).unwrap());
+        let (reserved, used) = (sim.usage().used, 100 * MIB * live.len());
+        assert!(
+            reserved <= used + 512 * MIB,
+            "{reserved} reserved for {used} in use"
+        );
+    }
+    // Doubling alone would have reached 8 GiB for these 4000 MiB.
+    assert!(sim.usage().peak <= 4512 * MIB, "{:?}", sim.usage());
+    // A request above the step still takes one slab of its own size.
+    let big = pool.allocate(s, 2048 * MIB, 256).unwrap();
+    assert!(sim.usage().used <= 100 * MIB * 40 + 2048 * MIB + 512 * MIB);
+    free(&pool, s, big, 2048 * MIB);
+    for p in live {
+        free(&pool, s, p, 100 * MIB);
+    }
+    pool.check_invariants().unwrap();
+}

@@ -9,8 +9,8 @@
 //! **Shards.** Streams are spread over *shards* (round-robin on first use, see [`shards`]),
 //! each a `PoolCore` (the coalescing engine) behind its own lock, so threads on different streams never share
 //! a lock. Shards carve *slabs* they take from the *global* core, which holds the upstream
-//! chunks; its lock is taken only when a shard needs a slab (a shard doubles each time, so that
-//! is rare; the pool grows by what the shard takes, not by its own size, which with many shards
+//! chunks; its lock is taken only when a shard needs a slab (a shard doubles each time, up to
+//! steps of 512 MiB, so that is rare; the pool grows by what the shard takes, not by its own size, which with many shards
 //! would compound). A block freed on a stream of another shard goes back to the shard that
 //! carved it, tagged with the freeing stream and sealed by an event recorded at once, so the
 //! owning shard's streams take it after one `cuStreamWaitEvent`.
@@ -41,6 +41,13 @@ use crate::stream::{StreamId, StreamRef};
 
 /// The smallest slab a shard takes from the global core.
 const MIN_SLAB: usize = 256 << 10;
+
+/// A shard doubles up to slabs of this size, then grows by it (or by the request). Doubling
+/// without bound reserved 1.52-1.74x the logical peak replaying PyTorch traces (each last
+/// doubling mostly unused); capped here, 1.10-1.11x, for one to four more upstream calls
+/// (`carve replay tests/data/{synthetic_transformer,torch_gpt_small}.csv --simulate-capacity
+/// 80`).
+const MAX_DOUBLING: usize = 512 << 20;
 
 const NAME: &str = "PoolMemoryResource";
 
@@ -329,7 +336,7 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
     }
 
     /// A slab of at least `needed` bytes for `stream`'s shard (holding `held` bytes). The shard
-    /// doubles: a slab of `held` bytes from free global
+    /// doubles (up to [`MAX_DOUBLING`]): a slab of `held` bytes from free global
     /// memory, else from growth; failing both (the upstream or the maximum is exhausted), the
     /// smallest slab that serves the request, then everything the shards hold free, after a
     /// device-wide synchronisation.
@@ -341,7 +348,8 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
         bytes: usize,
         needed: usize,
     ) -> Result<Slab> {
-        let desired = align_up(needed.max(held).max(MIN_SLAB), GRAIN).unwrap_or(needed);
+        let desired =
+            align_up(needed.max(held.min(MAX_DOUBLING)).max(MIN_SLAB), GRAIN).unwrap_or(needed);
         let take = |global: &mut PoolCore, sizes: &[usize]| -> Result<Option<Slab>> {
             for &want in sizes {
                 let got = allocate_from(
