@@ -44,6 +44,7 @@ pub use pinned::{
 };
 pub use pool::{PoolMemoryResource, PoolOptions, PoolStats};
 pub use simulated::{SimulatedMemoryResource, SimulatedUsage};
+#[cfg(feature = "cli")]
 pub(crate) use stream_order::default_order;
 pub use stream_order::{
     CountingOrder, CudaOrder, HostOrder, OrderCounts, OrderEvent, RecordingOrder, StreamOrder,
