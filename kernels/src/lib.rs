@@ -13,10 +13,9 @@
 //! Layouts shared with the host are `#[repr(C)]`, derive `bytemuck::Pod`, and are pinned with
 //! `static_assertions`.
 #![no_std]
-#![cfg_attr(
-    target_arch = "nvptx64",
-    feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)
-)]
+#![cfg_attr(target_arch = "nvptx64", feature(stdarch_nvptx, asm_experimental_arch))]
+// Only the test module defines kernels (`extern "ptx-kernel"`).
+#![cfg_attr(all(target_arch = "nvptx64", feature = "test-kernels"), feature(abi_ptx))]
 
 #[cfg(test)]
 extern crate std;

@@ -2,11 +2,12 @@
 
 use core::arch::nvptx;
 
-use crate::heap_layout::{GeneralHeader, HeapHandle, GENERAL_CLASS_SLOTS, GENERAL_HEADER_BYTES};
+use crate::heap_layout::{GeneralHeader, HeapHandle, GENERAL_CLASS_SLOTS};
 use crate::sync::atomic::AtomicU64;
 use crate::warp::Warp;
 
 /// Global index of the calling thread in a 1-D launch.
+#[cfg(feature = "test-kernels")]
 #[inline(always)]
 pub fn global_thread_index() -> u64 {
     // SAFETY: reading special registers has no preconditions inside a kernel.
@@ -29,6 +30,7 @@ fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
 }
 
 /// (block index, thread index in the block, block size) in a 1-D launch.
+#[cfg(feature = "test-kernels")]
 #[inline(always)]
 pub fn block_thread_dim() -> (u32, u32, u32) {
     // SAFETY: reading special registers has no preconditions inside a kernel.
@@ -216,9 +218,11 @@ macro_rules! delegate_collectives {
 /// [`NvptxWarp`] (or, with `FULL`, [`FullWarp`]) with relaxed bitmap atomics (`core`'s, which
 /// drop the ordering on nvptx): only for the benchmark that measures what the Acquire/Release
 /// orderings cost. Not a correct heap for blocks reused within one launch.
+#[cfg(feature = "test-kernels")]
 #[derive(Clone, Copy, Debug)]
 pub struct RelaxedWarp<const FULL: bool>;
 
+#[cfg(feature = "test-kernels")]
 impl<const FULL: bool> Warp for RelaxedWarp<FULL> {
     const TRACKS_ACTIVE: bool = !FULL;
     #[inline(always)]
@@ -406,7 +410,7 @@ impl GeneralFront {
 ///
 /// # Safety
 /// `heap` is null or the device address of a heap region (global memory, 128-byte aligned)
-/// whose first [`GENERAL_HEADER_BYTES`] the host writes only between launches.
+/// whose first [`GENERAL_HEADER_BYTES`](crate::heap_layout::GENERAL_HEADER_BYTES) the host writes only between launches.
 #[inline(always)]
 pub unsafe fn load_general(heap: *const GeneralHeader, slot: u32) -> Option<(GeneralFront, u64)> {
     if heap.is_null() {

@@ -12,7 +12,7 @@ use crate::heap_entry::{
     carve_slab_free, slab_alloc_with, slab_free_with,
 };
 use crate::heap_layout::{GeneralHeader, HeapHandle};
-use crate::nvptx::{self, NvptxWarp, RelaxedWarp};
+use crate::nvptx::{self, RelaxedWarp};
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Smoke test: thread `i < n` writes [`crate::smoke::pattern`]`(i)` to `out[i]`.
