@@ -15,7 +15,10 @@
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(stdarch_nvptx, asm_experimental_arch))]
 // Only the test module defines kernels (`extern "ptx-kernel"`).
-#![cfg_attr(all(target_arch = "nvptx64", feature = "test-kernels"), feature(abi_ptx))]
+#![cfg_attr(
+    all(target_arch = "nvptx64", feature = "test-kernels"),
+    feature(abi_ptx)
+)]
 
 #[cfg(test)]
 extern crate std;
