@@ -361,6 +361,17 @@ fn suballocators_replay_over_simulated_memory() {
         let report = replay_file(&a).unwrap();
         assert!(report.succeeded(), "{kind}: {report}");
         assert_eq!(report.peak_bytes, 3 * GIB, "{kind}");
+        // What the driver was asked for: three 1 GiB requests, each too large for the
+        // pool's free memory; the half GiB reuses the freed one. One stream: no synchronisation.
+        let notes = report.resource_notes.as_deref().unwrap_or_default();
+        assert!(
+            notes.starts_with("upstream: 3 allocation(s) of 3.00 GiB in all, 0 freed so far"),
+            "{kind}: {notes}"
+        );
+        assert!(
+            notes.contains(" 0 device and 0 stream synchronisation(s)"),
+            "{kind}: {notes}"
+        );
     }
     let mut a = args(&log, ResourceKind::Fixed);
     a.block_size = Some(GIB);
