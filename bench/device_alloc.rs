@@ -45,6 +45,20 @@ fn time(
     Ok(ms[RUNS / 2])
 }
 
+/// Median milliseconds of `alloc` (each run after a `free`) and then of `free` (each run after
+/// an `alloc`, which starts it from a full set of blocks). The last run leaves the blocks
+/// allocated.
+fn time_alloc_free<A, F>(c: &Ctx, alloc: A, free: F) -> carve::Result<(f64, f64)>
+where
+    A: FnMut() -> carve::Result<()> + Copy,
+    F: FnMut() -> carve::Result<()> + Copy,
+{
+    let alloc_ms = time(&c.dev, &c.stream, alloc, free)?;
+    let mut alloc = alloc;
+    alloc()?;
+    Ok((alloc_ms, time(&c.dev, &c.stream, free, alloc)?))
+}
+
 fn rate(n: u64, ms: f64) -> String {
     format!("{:.1}", n as f64 / (ms * 1e6))
 }
@@ -90,13 +104,8 @@ fn slab(
             k.slab_free(n, h, out.as_ptr(), n)
         }
     };
-    let alloc_ms = time(&c.dev, &c.stream, alloc, free)?;
-    // The free timing starts from a full set of blocks.
-    alloc()?;
-    let free = time(&c.dev, &c.stream, free, alloc);
-    let alloc = alloc_ms;
-    // The last `between` left blocks allocated; the heap goes with them.
-    let free = free?;
+    // The blocks left allocated go with the heap.
+    let (alloc, free) = time_alloc_free(c, alloc, free)?;
     let s = heap.stats()?;
     if s.failed_allocs > 0 || s.double_frees > 0 {
         return Err(carve::Error::InvalidArgument(format!(
@@ -185,12 +194,8 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
             "CUDA free",
         ],
     );
-    let dev = match Device::get(0) {
-        Ok(d) => d,
-        Err(e) => {
-            table.note(format!("no GPU ({e}): nothing measured"));
-            return Ok(vec![table]);
-        }
+    let Some(dev) = super::device_or_note(&mut table) else {
+        return Ok(vec![table]);
     };
     dev.bind()?;
     let malloc_heap = 1usize << 30;
@@ -390,9 +395,7 @@ fn mixed_sizes(c: &Ctx, quick: bool) -> carve::Result<Table> {
         let alloc = || unsafe { k.general_malloc_bench(n, h, o, n, max, SEED) };
         // SAFETY: as above.
         let free = || unsafe { k.general_free_bench(n, h, o, n) };
-        let alloc_ms = time(&c.dev, &c.stream, alloc, free)?;
-        alloc()?;
-        let free_ms = time(&c.dev, &c.stream, free, alloc)?;
+        let (alloc_ms, free_ms) = time_alloc_free(c, alloc, free)?;
         free()?;
         let s = heap.stats()?;
         if s.double_frees > 0 || s.foreign_frees > 0 || s.in_use > 0 {
@@ -463,9 +466,7 @@ fn per_class(c: &Ctx, quick: bool) -> carve::Result<Table> {
         let alloc = || unsafe { k.general_malloc_one_bench(n, h, o, n, bytes) };
         // SAFETY: as above.
         let free = || unsafe { k.general_free_bench(n, h, o, n) };
-        let alloc_ms = time(&c.dev, &c.stream, alloc, free)?;
-        alloc()?;
-        let free_ms = time(&c.dev, &c.stream, free, alloc)?;
+        let (alloc_ms, free_ms) = time_alloc_free(c, alloc, free)?;
         free()?;
         let s = heap.stats()?;
         if s.failed_allocs > 0 || s.double_frees > 0 || s.foreign_frees > 0 || s.in_use > 0 {

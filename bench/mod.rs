@@ -14,6 +14,17 @@ pub mod virtual_growth;
 
 use clap::{Args, ValueEnum};
 
+/// Device 0, or `None` with a note in `table` saying why nothing was measured.
+fn device_or_note(table: &mut table::Table) -> Option<carve::Device> {
+    match carve::Device::get(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            table.note(format!("no GPU ({e}): nothing measured"));
+            None
+        }
+    }
+}
+
 /// `carve bench` options.
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {

@@ -9,8 +9,7 @@ use carve::resource::{
     CudaBacking, CudaBackingOptions, ExpandableOptions, PhysicalBacking, VirtualOptions,
 };
 use carve::{
-    CudaMemoryResource, Device, ExpandableMemoryResource, MemoryResource, StreamRef,
-    VirtualMemoryResource,
+    CudaMemoryResource, ExpandableMemoryResource, MemoryResource, StreamRef, VirtualMemoryResource,
 };
 
 use super::table::Table;
@@ -45,12 +44,8 @@ pub fn run(quick: bool) -> carve::Result<Table> {
             "ratio",
         ],
     );
-    let dev = match Device::get(0) {
-        Ok(d) => d,
-        Err(e) => {
-            table.note(format!("no GPU ({e}): nothing measured"));
-            return Ok(table);
-        }
+    let Some(dev) = super::device_or_note(&mut table) else {
+        return Ok(table);
     };
     table.note(format!("device: {}", dev.properties()?.name));
     let cuda = CudaMemoryResource::new(&dev);
@@ -109,12 +104,8 @@ pub fn calls(quick: bool) -> carve::Result<Table> {
             "synchronise (idle device)",
         ],
     );
-    let dev = match Device::get(0) {
-        Ok(d) => d,
-        Err(e) => {
-            table.note(format!("no GPU ({e}): nothing measured"));
-            return Ok(table);
-        }
+    let Some(dev) = super::device_or_note(&mut table) else {
+        return Ok(table);
     };
     table.note(format!("device: {}", dev.properties()?.name));
     let b = CudaBacking::new(&dev, CudaBackingOptions::default())?;
