@@ -82,8 +82,8 @@ impl GeneralHeader {
     /// The class whose segment holds `ptr`, or `None` outside every class.
     #[inline(always)]
     pub fn class_of_ptr(&self, ptr: *const u8) -> Option<u32> {
-        let c = (ptr as u64).wrapping_sub(self.base) >> self.stride_log2;
-        (c < self.nclasses as u64).then_some(c as u32)
+        let c = key_of(self.base, self.stride_log2, self.nclasses, ptr.cast_mut());
+        (c < self.nclasses).then_some(c)
     }
 
     /// Class `c`'s slab segment handle (`c < nclasses`).

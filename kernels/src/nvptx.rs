@@ -333,6 +333,21 @@ unsafe fn ld_nc_handle(p: u64) -> [(u64, u64); 6] {
     v
 }
 
+/// The global-space address of `p`, a generic address inside a global allocation.
+#[inline(always)]
+fn global_address(p: u64) -> u64 {
+    let g: u64;
+    // SAFETY: an address conversion only: no memory is read or written.
+    unsafe {
+        core::arch::asm!(
+            "cvta.to.global.u64 {g}, {p};",
+            g = out(reg64) g, p = in(reg64) p,
+            options(pure, nomem, nostack),
+        )
+    };
+    g
+}
+
 /// A copy of the handle at `heap` in registers, if it is a formatted heap of `kind`: one 16-byte
 /// read-only load per pair of fields that the caller uses, all in flight together, instead of a
 /// generic load per field each time the allocator reads one.
@@ -345,15 +360,7 @@ pub unsafe fn load_handle(heap: *const HeapHandle, tag: u64) -> Option<HeapHandl
     if heap.is_null() {
         return None;
     }
-    let g: u64;
-    // SAFETY: converts the generic address of a global allocation to its global-space address.
-    unsafe {
-        core::arch::asm!(
-            "cvta.to.global.u64 {g}, {p};",
-            g = out(reg64) g, p = in(reg64) heap,
-            options(pure, nomem, nostack),
-        )
-    };
+    let g = global_address(heap as u64);
     // SAFETY: the caller's contract; the handle is 128 bytes, 16-byte aligned.
     let [(magic_kind, block_size), (capacity, data), (counters, shard_used), (shard_peak, words), (w64, w72), (w80, next)] =
         unsafe { ld_nc_handle(g) };
@@ -417,15 +424,7 @@ pub unsafe fn load_general(heap: *const GeneralHeader, slot: u32) -> Option<(Gen
         return None;
     }
     debug_assert!((slot as usize) < GENERAL_CLASS_SLOTS);
-    let g: u64;
-    // SAFETY: converts the generic address of a global allocation to its global-space address.
-    unsafe {
-        core::arch::asm!(
-            "cvta.to.global.u64 {g}, {p};",
-            g = out(reg64) g, p = in(reg64) heap,
-            options(pure, nomem, nostack),
-        )
-    };
+    let g = global_address(heap as u64);
     let at = g + (core::mem::offset_of!(GeneralHeader, classes) as u64) + 8 * slot as u64;
     let (tag, w8, base, _counters, head): (u64, u64, u64, u64, u64);
     // SAFETY: the caller's contract and the lengths above: all three loads fall inside the
@@ -461,14 +460,14 @@ pub unsafe fn load_general(heap: *const GeneralHeader, slot: u32) -> Option<(Gen
 pub unsafe fn load_class_pointer(heap: *const GeneralHeader, c: u32) -> u64 {
     debug_assert!((c as usize) < GENERAL_CLASS_SLOTS);
     let off = core::mem::offset_of!(GeneralHeader, classes) as u64 + 8 * c as u64;
+    let p = global_address(heap as u64 + off);
     let v: u64;
     // SAFETY: the caller's contract: slot `c` of a general header in global memory, written
     // only between launches.
     unsafe {
         core::arch::asm!(
-            "cvta.to.global.u64 {g}, {p};",
-            "ld.global.nc.u64 {v}, [{g}];",
-            v = out(reg64) v, g = out(reg64) _, p = in(reg64) heap as u64 + off,
+            "ld.global.nc.u64 {v}, [{p}];",
+            v = out(reg64) v, p = in(reg64) p,
             options(readonly, nostack),
         )
     };
