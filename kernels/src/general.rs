@@ -23,9 +23,9 @@
 
 use crate::heap_layout::*;
 use crate::size_class::{class_of, NUM_CLASSES};
-use crate::slab;
+use crate::slab::{self, Lead, Slab};
 use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::warp::{Among, Warp};
+use crate::warp::{rank_in, Among, Warp};
 
 /// The first 8 bytes of a formatted general header (`magic`, then `kind`).
 pub const GENERAL_TAG: u64 = HEAP_MAGIC as u64 | (KIND_GENERAL as u64) << 32;
@@ -124,12 +124,78 @@ pub unsafe fn malloc<W: Warp>(g: &GeneralHeader, warp: &W, bytes: u64, seed: u32
         // SAFETY: forwarded contract.
         return unsafe { alloc_class(g, warp, class, seed) };
     }
-    // Every class group at once, each a warp of its own lanes (its collectives name only its
-    // lanes, as in warp-aggregated atomics keyed by `match_any`): the groups' atomics overlap
-    // instead of running one group per round.
     let group = warp.match_any(active, class as u64);
-    // SAFETY: forwarded contract; exactly the lanes of `group` make this call.
-    unsafe { alloc_class(g, &Among { warp, mask: group }, class, seed) }
+    // SAFETY: forwarded contract.
+    unsafe { malloc_mixed(g, warp, active, (class, group), seed) }
+}
+
+/// [`malloc`] for lanes of several classes (`group`: the lanes of this lane's `class`).
+///
+/// The fast step's collectives name all of `active`. A collective whose mask differs between
+/// lanes compiles to a loop over the distinct masks (ptxas), so collectives per class group run
+/// the groups one after another. Instead, every group's leader reserves and claims its run at
+/// once ([`Slab::lead`] names no other lane), and one shuffle hands each lane its own leader's
+/// result. Only groups that did not win their whole run finish as warps of their own lanes
+/// (where ptxas serialises them).
+///
+/// The groups that finish do so in place, not in a loop that takes one group per round while
+/// the rest of the warp waits at a collective: on the H100, that loop hung a kernel whose lanes
+/// were in `carve_malloc` and `carve_free` at once (the GPU stress test), though either entry
+/// point alone ran.
+///
+/// # Safety
+/// As for [`malloc`]; exactly the lanes of `active` make this call.
+#[inline(always)]
+unsafe fn malloc_mixed<W: Warp>(
+    g: &GeneralHeader,
+    warp: &W,
+    active: u32,
+    (class, group): (u32, u32),
+    seed: u32,
+) -> *mut u8 {
+    let lane = warp.lane();
+    let leader = group.trailing_zeros();
+    let lanes = group.count_ones();
+    // A group's lanes read the same handle.
+    // SAFETY: forwarded contract; `class < nclasses`.
+    let slab = (class < g.nclasses).then(|| unsafe { Slab::new(g.class_handle(class)) });
+    let (mut hint, mut shard, mut take, mut won) = (0, 0, 0, 0);
+    if let Some(s) = slab {
+        hint = slab::group_hint(seed, s.handle().capacity);
+        shard = s.shard_of(hint);
+    }
+    if lane == leader {
+        match slab {
+            Some(s) => (take, won) = s.lead(warp, hint, lanes),
+            // SAFETY: forwarded contract.
+            None => unsafe { g.count(COUNTER_FAILED_ALLOCS, warp.slot_hint(), lanes) },
+        }
+    }
+    let won = warp.shfl(active, won, leader);
+    let rank = rank_in(group, lane);
+    let mut p = core::ptr::null_mut();
+    let done = slab.is_none() || won.count_ones() == lanes;
+    if let Some(s) = slab.filter(|_| won >> rank & 1 != 0) {
+        p = s.block(hint + rank as u64);
+    }
+    if let Some(s) = slab.filter(|_| !done) {
+        let own = Among { warp, mask: group };
+        let lead = Lead {
+            shard,
+            hint,
+            take,
+            won,
+        };
+        p = s.finish(&own, lead, None);
+        // The rest of the class's chain, for the lanes its head left without a block.
+        let rest = own.ballot(group, p.is_null());
+        if rest != 0 && p.is_null() {
+            let rest = Among { warp, mask: rest };
+            // SAFETY: forwarded contract; exactly the lanes of `rest` make this call.
+            p = unsafe { slab::chain_alloc_after(s.handle(), &rest, hint) };
+        }
+    }
+    p
 }
 
 /// One block of `class` for each lane of `warp` (all asking for `class`).
@@ -178,10 +244,56 @@ pub unsafe fn free<W: Warp>(g: &GeneralHeader, warp: &W, ptr: *mut u8) {
         // SAFETY: forwarded contract.
         return unsafe { free_class(g, warp, key, ptr) };
     }
-    // Every key group at once, as in `malloc`.
     let group = warp.match_any(active, key as u64);
-    // SAFETY: forwarded contract; exactly the lanes of `group` make this call.
-    unsafe { free_class(g, &Among { warp, mask: group }, key, ptr) }
+    // SAFETY: forwarded contract.
+    unsafe { free_mixed(g, warp, active, (key, group), ptr) }
+}
+
+/// [`free`] for lanes of several keys (`group`: the lanes of this lane's `key`), on the plan of
+/// [`malloc_mixed`]: every group whose pointers are a run of its class's first segment, in rank
+/// order (blocks freed as they were handed out), is cleared by its leader at once, with one
+/// `fetch_and` per bitmap word the run touches ([`Slab::free_run_at`]); null and foreign groups
+/// are settled by their leaders in the same step; only the other groups free as warps of their
+/// own lanes, in place.
+///
+/// # Safety
+/// As for [`free`]; exactly the lanes of `active` make this call.
+#[inline(always)]
+unsafe fn free_mixed<W: Warp>(
+    g: &GeneralHeader,
+    warp: &W,
+    active: u32,
+    (key, group): (u32, u32),
+    ptr: *mut u8,
+) {
+    let lane = warp.lane();
+    let leader = group.trailing_zeros();
+    let lanes = group.count_ones();
+    // SAFETY: forwarded contract; `key < nclasses`.
+    let slab = (key < g.nclasses).then(|| unsafe { Slab::new(g.class_handle(key)) });
+    let idx = slab.and_then(|s| s.index_of(ptr));
+    let base = idx.map_or(u64::MAX, |i| i.wrapping_sub(rank_in(group, lane) as u64));
+    // One 32-bit shuffle: bases at or past 2^32 blocks simply finish one group at a time.
+    let lead = warp.shfl(active, base as u32, leader);
+    // A run of at most 32 blocks touches at most two words.
+    let ok = slab.is_none() || (idx.is_some() && base == lead as u64);
+    // Also waits for every lane's accesses to its block before the leaders' Release.
+    let bad = warp.ballot(active, !ok);
+    let done = bad & group == 0;
+    if lane == leader && done {
+        match slab {
+            Some(s) => s.free_run_at(warp, base, lanes),
+            // SAFETY: forwarded contract.
+            None if key == NO_CLASS => unsafe {
+                g.count(COUNTER_FOREIGN_FREES, warp.slot_hint(), lanes)
+            },
+            None => {}
+        }
+    }
+    if !done {
+        // SAFETY: forwarded contract; exactly the lanes of `group` make this call.
+        unsafe { free_class(g, &Among { warp, mask: group }, key, ptr) };
+    }
 }
 
 /// Frees `ptr` for each lane of `warp` (all of key `key`).

@@ -49,6 +49,19 @@ pub struct Slab<'a> {
 /// No block (an index that no heap reaches).
 const NONE: u64 = u64::MAX;
 
+/// Where a warp's fast-path allocation left off ([`Slab::lead`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Lead {
+    /// The shard of `hint`.
+    pub shard: u32,
+    /// The first block of the run, `< capacity`.
+    pub hint: u64,
+    /// Blocks reserved in `shard` (the leader's; other lanes may hold anything).
+    pub take: u32,
+    /// Bit `r`: block `hint + r` is the rank-`r` lane's.
+    pub won: u32,
+}
+
 impl<'a> Slab<'a> {
     /// Views a slab segment.
     ///
@@ -196,7 +209,7 @@ impl<'a> Slab<'a> {
 
     /// Block `i`'s address (a multiply whatever the size: cheaper than testing for a shift).
     #[inline(always)]
-    fn block(&self, i: u64) -> *mut u8 {
+    pub(crate) fn block(&self, i: u64) -> *mut u8 {
         (self.h.data + i * self.h.block_size) as *mut u8
     }
 
@@ -231,18 +244,11 @@ impl<'a> Slab<'a> {
         } else {
             wrap_hint(hint, cap)
         };
-        let log2 = self.h.shard_words_log2;
-        let shard = ((hint >> 6) >> log2) as u32;
+        let shard = self.shard_of(hint);
         let mut take = 0;
         let mut won = 0;
         if warp.lane() == leader {
-            // The shard's blocks, and the hint's place among them, without 64-bit multiplies.
-            let per = 64u64 << log2;
-            let at = hint & (per - 1);
-            let blocks = (cap - (hint - at)).min(per);
-            take = self.reserve_in(shard, blocks as u32, total);
-            let run = (blocks - at).min(take as u64) as u32;
-            won = self.claim_run(warp, hint, run);
+            (take, won) = self.lead(warp, hint, total);
         }
         // Bit `r` of `won`: block `hint + r` is the rank-`r` lane's.
         let won = warp.shfl(active, won, leader);
@@ -250,9 +256,46 @@ impl<'a> Slab<'a> {
         if won.count_ones() == total {
             return self.block(hint + rank as u64);
         }
-        let mine = self
-            .at_home()
-            .alloc_slow(warp, (shard, hint, take, won), count);
+        self.finish(
+            warp,
+            Lead {
+                shard,
+                hint,
+                take,
+                won,
+            },
+            count,
+        )
+    }
+
+    /// The shard that holds block `hint`.
+    #[inline(always)]
+    pub(crate) fn shard_of(&self, hint: u64) -> u32 {
+        ((hint >> 6) >> self.h.shard_words_log2) as u32
+    }
+
+    /// The leader's half of the fast path, for `total` lanes from block `hint` (`< capacity`):
+    /// reserves in the hint's shard with one `fetch_add`, then claims the run from `hint` (one
+    /// or two `fetch_or`). Returns the reservation and the run's bits won (bit `r` for block
+    /// `hint + r`). It names no other lane, so the leaders of several groups of one warp can
+    /// run it at once (`carve_malloc` with mixed classes).
+    #[inline(always)]
+    pub(crate) fn lead<W: Warp>(&self, warp: &W, hint: u64, total: u32) -> (u32, u32) {
+        // The shard's blocks, and the hint's place among them, without 64-bit multiplies.
+        let per = 64u64 << self.h.shard_words_log2;
+        let at = hint & (per - 1);
+        let blocks = (self.h.capacity - (hint - at)).min(per);
+        let take = self.reserve_in(self.shard_of(hint), blocks as u32, total);
+        let run = (blocks - at).min(take as u64) as u32;
+        (take, self.claim_run(warp, hint, run))
+    }
+
+    /// Every calling lane's block after a [`Slab::lead`] that did not serve them all (`lead`:
+    /// as it left things, the same in every lane; `take` matters in the leader only): the
+    /// rest goes out of line ([`Slab::alloc_slow`]). Null for lanes left without a block.
+    #[inline(always)]
+    pub(crate) fn finish<W: Warp>(&self, warp: &W, lead: Lead, count: Option<bool>) -> *mut u8 {
+        let mine = self.at_home().alloc_slow(warp, lead, count);
         if mine == NONE {
             core::ptr::null_mut()
         } else {
@@ -293,7 +336,12 @@ impl<'a> Slab<'a> {
     fn alloc_slow<W: Warp>(
         &self,
         warp: &W,
-        (shard, hint, take, won): (u32, u64, u32, u32),
+        Lead {
+            shard,
+            hint,
+            take,
+            won,
+        }: Lead,
         count: Option<bool>,
     ) -> u64 {
         let count_failures = count.unwrap_or(self.h.next == 0);
@@ -495,6 +543,29 @@ impl<'a> Slab<'a> {
         true
     }
 
+    /// Clears the run of `lanes` blocks from `base` (`lanes <= 32`, inside the segment; it may
+    /// cross into the next word) with one Release `fetch_and` per word, both in flight together,
+    /// then moves each word's shard count by the bits that were set. One lane calls it for a
+    /// group whose pointers are that run in rank order, after a collective that waited for the
+    /// group's accesses to its blocks; it names no other lane, so the leaders of several groups
+    /// of one warp can run it at once (`carve_free` with mixed classes).
+    #[inline(always)]
+    pub(crate) fn free_run_at<W: Warp>(&self, warp: &W, base: u64, lanes: u32) {
+        debug_assert!(lanes > 0 && lanes <= 32 && base + lanes as u64 <= self.h.capacity);
+        let w = (base >> 6) as u32;
+        let o = (base & 63) as u32;
+        let run = (1u64 << lanes) - 1;
+        let lo = run << o;
+        // Release: as in `free_run`.
+        let old_lo = warp.fetch_and_release(self.word(w), !lo);
+        if o + lanes > 64 {
+            let hi = run >> (64 - o);
+            let old_hi = warp.fetch_and_release(self.word(w + 1), !hi);
+            self.settle_free(warp, w + 1, hi.count_ones(), (old_hi & hi).count_ones());
+        }
+        self.settle_free(warp, w, lo.count_ones(), (old_lo & lo).count_ones());
+    }
+
     /// Moves the count of `word`'s shard after a free of `lanes` blocks of which `freed` were in
     /// use; counts the rest as double frees on a checked heap.
     #[inline(always)]
@@ -642,6 +713,28 @@ pub unsafe fn chain_alloc<W: Warp>(h: &HeapHandle, warp: &W, hint: u64) -> *mut 
     };
     // SAFETY: forwarded contract; `SlabSegments` views each segment with `Slab::new`.
     unsafe { chain::alloc(h, warp, each) }
+}
+
+/// [`chain_alloc`] for the lanes that the chain's first segment, `h`, left without a block: the
+/// segments after it, with `hint` (a block index of `h`) moved in proportion. Null when `h` ends
+/// the chain.
+///
+/// # Safety
+/// As for [`chain_alloc`].
+#[inline(always)]
+pub(crate) unsafe fn chain_alloc_after<W: Warp>(h: &HeapHandle, warp: &W, hint: u64) -> *mut u8 {
+    if h.next == 0 {
+        return core::ptr::null_mut();
+    }
+    // SAFETY: the caller vouches for every segment of the chain.
+    let next = unsafe { &*(h.next as *const HeapHandle) };
+    let each = SlabSegments {
+        hint,
+        first_capacity: h.capacity,
+        at: rescale_hint(hint, h.capacity, next.capacity),
+    };
+    // SAFETY: forwarded contract; `SlabSegments` views each segment with `Slab::new`.
+    unsafe { chain::alloc(next, warp, each) }
 }
 
 /// [`chain_alloc`]'s allocation from one segment: from `at`, the hint moved to that segment.

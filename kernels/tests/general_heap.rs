@@ -346,3 +346,174 @@ fn one_size_across_a_warp_takes_one_run() {
     lockstep::run(32, 0, |w| heap.free(w, got[w.lane() as usize] as *mut u8));
     assert_eq!(heap.class_stats(2), (0, 32, 0, 0, 0));
 }
+
+/// Set bits in class `c`'s bitmap (blocks in use as the bitmap sees them).
+fn bitmap_ones(heap: &HostGeneral, c: usize) -> u64 {
+    let h = heap.class(c);
+    (0..h.nwords as usize)
+        // SAFETY: `words` holds `nwords` atomics inside the region.
+        .map(|i| unsafe { &*(h.words as *const AtomicU64).add(i) })
+        .map(|w| w.load(Ordering::Relaxed).count_ones() as u64)
+        .sum()
+}
+
+/// A mixed warp whose groups lose their runs: every call starts each class at the same block
+/// (one seed), so from the second call on every group finishes out of line; frees of blocks
+/// handed out as runs clear whole runs, one of them across two bitmap words, and a second free
+/// of everything is counted as double frees, block by block.
+#[test]
+fn mixed_warps_that_lose_their_runs_and_free_whole_runs() {
+    const SIZES: [u64; 4] = [16, 48, 256, 1024];
+    let heap = HostGeneral::new(1 << 18);
+    let classes: Vec<usize> = SIZES
+        .iter()
+        .map(|&b| class_of(b as u32).unwrap() as usize)
+        .collect();
+    // A seed whose run of 8 in the 48 B class starts at bit 60 or later of a word: it crosses.
+    let cap = heap.class(classes[1]).capacity;
+    let crossing = (1..1 << 20)
+        .find(|&s| carve_kernels::slab::group_hint(s, cap) % 64 >= 60)
+        .unwrap();
+    let mut rounds = Vec::new();
+    for (round, seed) in [0, 0, 0, crossing, crossing, 0].into_iter().enumerate() {
+        let got = lockstep::run(32, round as u32, |w| {
+            let bytes = SIZES[w.lane() as usize % 4];
+            // SAFETY: a formatted heap that outlives the call.
+            let p = unsafe { general::malloc(heap.header(), w, bytes, seed) };
+            assert!(!p.is_null(), "lane {}", w.lane());
+            // SAFETY: the block is this lane's, at least `bytes` long.
+            unsafe { p.write_bytes(round as u8 ^ w.lane() as u8, bytes as usize) };
+            p as u64
+        });
+        for (l, &p) in got.iter().enumerate() {
+            heap.assert_block_of(p as *mut u8, SIZES[l % 4]);
+        }
+        rounds.push(got);
+    }
+    let mut all: Vec<(u64, u64)> = rounds
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, &p)| (p, SIZES[i % 32 % 4]))
+        .collect();
+    all.sort_unstable();
+    assert!(all.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0), "overlap");
+    for (round, got) in rounds.iter().enumerate() {
+        for (l, &p) in got.iter().enumerate() {
+            // SAFETY: written above by this lane in this round; nobody else holds it.
+            let s = unsafe { std::slice::from_raw_parts(p as *const u8, SIZES[l % 4] as usize) };
+            assert!(s.iter().all(|&b| b == round as u8 ^ l as u8), "{round}/{l}");
+        }
+    }
+    for (c, _) in classes.iter().zip(SIZES) {
+        assert_eq!(heap.class_stats(*c).0, 8 * rounds.len() as u64);
+        assert_eq!(bitmap_ones(&heap, *c), 8 * rounds.len() as u64);
+    }
+    // Free each round in the order it was handed out: groups that won a run clear it whole.
+    for (round, got) in rounds.iter().enumerate() {
+        lockstep::run(32, round as u32, |w| {
+            heap.free(w, got[w.lane() as usize] as *mut u8)
+        });
+    }
+    for &c in &classes {
+        assert_eq!(heap.class_stats(c).0, 0, "class {c}");
+        assert_eq!(bitmap_ones(&heap, c), 0, "class {c}: bits left set");
+    }
+    // Everything again: each block a double free, none taken from the counts.
+    lockstep::run(32, 0, |w| {
+        heap.free(w, rounds[3][w.lane() as usize] as *mut u8)
+    });
+    let doubles: u64 = classes.iter().map(|&c| heap.class_stats(c).4).sum();
+    assert_eq!(doubles, 32);
+    assert_eq!(heap.total_in_use(), 0);
+    assert_eq!(heap.header_counter(COUNTER_FOREIGN_FREES), 0);
+}
+
+/// One class of a mixed warp runs out while the others are served: it hands out exactly its
+/// capacity, counts exactly the requests it could not serve, and the other lanes never fail.
+#[test]
+fn a_class_that_runs_out_under_a_mixed_warp() {
+    let heap = HostGeneral::new(1 << 16);
+    let big = class_of(4096).unwrap() as usize;
+    let small = class_of(16).unwrap() as usize;
+    let cap = heap.class(big).capacity;
+    let calls = (cap / 16 + 2) as u32;
+    let mut served = 0u64;
+    let mut nulls = 0u64;
+    let mut kept = Vec::new();
+    for call in 0..calls {
+        let got = lockstep::run(32, call, |w| {
+            let bytes = if w.lane() % 2 == 0 { 4096 } else { 16 };
+            heap.malloc(w, bytes) as u64
+        });
+        for (l, &p) in got.iter().enumerate() {
+            match (l % 2 == 0, p) {
+                (true, 0) => nulls += 1,
+                (true, p) => {
+                    heap.assert_block_of(p as *mut u8, 4096);
+                    served += 1;
+                }
+                (false, p) => {
+                    assert_ne!(p, 0, "call {call}: a 16 B lane failed");
+                    heap.assert_block_of(p as *mut u8, 16);
+                }
+            }
+        }
+        kept.push(got);
+    }
+    assert_eq!(served, cap);
+    assert_eq!(nulls, 16 * calls as u64 - cap);
+    assert_eq!(heap.class_stats(big).0, cap);
+    assert_eq!(heap.class_stats(big).2, nulls);
+    assert_eq!(heap.class_stats(small).2, 0);
+    let mut live: Vec<u64> = kept.iter().flatten().copied().filter(|&p| p != 0).collect();
+    live.sort_unstable();
+    live.dedup();
+    assert_eq!(
+        live.len() as u64,
+        served + 16 * calls as u64,
+        "a block handed out twice"
+    );
+}
+
+/// A class whose head segment runs out under a mixed warp goes on down its chain (as a grown
+/// heap links it): the lanes the head left without a block take the next segment's, every block
+/// of both is handed out once, and only the chain's last segment counts failures.
+#[test]
+fn a_mixed_warp_goes_on_down_a_class_chain() {
+    let (head, tail) = (HostGeneral::new(1 << 16), HostGeneral::new(1 << 16));
+    let c = class_of(4096).unwrap() as usize;
+    // SAFETY: class `c`'s handle lies in `head`'s region, which nothing else reads now.
+    unsafe {
+        let h = head.base.add(head.plan.class_offset(c)) as *mut HeapHandle;
+        (*h).next = tail.class(c) as *const HeapHandle as u64;
+    }
+    let cap = head.class(c).capacity + tail.class(c).capacity;
+    let calls = (cap / 16 + 2) as u32;
+    let mut got_big: Vec<u64> = Vec::new();
+    for call in 0..calls {
+        let got = lockstep::run(32, call, |w| {
+            let bytes = if w.lane() % 2 == 0 { 4096 } else { 16 };
+            head.malloc(w, bytes) as u64
+        });
+        assert!(got.iter().skip(1).step_by(2).all(|&p| p != 0));
+        got_big.extend(got.iter().step_by(2).filter(|&&p| p != 0));
+    }
+    let in_seg = |g: &HostGeneral, p: u64| {
+        let h = g.class(c);
+        p >= h.data
+            && p < h.data + h.capacity * h.block_size
+            && (p - h.data).is_multiple_of(h.block_size)
+    };
+    assert!(got_big
+        .iter()
+        .all(|&p| in_seg(&head, p) || in_seg(&tail, p)));
+    let mut uniq = got_big.clone();
+    uniq.sort_unstable();
+    uniq.dedup();
+    assert_eq!((uniq.len() as u64, got_big.len() as u64), (cap, cap));
+    let failed = 16 * calls as u64 - cap;
+    assert_eq!(head.class_stats(c).2, 0, "the head counted failures");
+    assert_eq!(tail.class_stats(c).2, failed);
+    assert_eq!(head.class_stats(c).0 + tail.class_stats(c).0, cap);
+}
