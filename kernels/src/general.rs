@@ -134,8 +134,8 @@ pub unsafe fn malloc<W: Warp>(g: &GeneralHeader, warp: &W, bytes: u64, seed: u32
 /// The fast step's collectives name all of `active`. A collective whose mask differs between
 /// lanes compiles to a loop over the distinct masks (ptxas), so collectives per class group run
 /// the groups one after another. Instead, every group's leader reserves and claims its run at
-/// once ([`Slab::lead`] names no other lane), and one shuffle hands each lane its own leader's
-/// result. Only groups that did not win their whole run finish as warps of their own lanes
+/// once, then what the run missed among the clear bits of its word ([`Slab::lead_retrying`]
+/// names no other lane), and shuffles hand each lane its own leader's result. Only groups that did not win their whole run finish as warps of their own lanes
 /// (where ptxas serialises them).
 ///
 /// The groups that finish do so in place, not in a loop that takes one group per round while
@@ -159,33 +159,35 @@ unsafe fn malloc_mixed<W: Warp>(
     // A group's lanes read the same handle.
     // SAFETY: forwarded contract; `class < nclasses`.
     let slab = (class < g.nclasses).then(|| unsafe { Slab::new(g.class_handle(class)) });
-    let (mut hint, mut shard, mut take, mut won) = (0, 0, 0, 0);
+    let (mut hint, mut shard) = (0, 0);
     if let Some(s) = slab {
         hint = slab::group_hint(seed, s.handle().capacity);
         shard = s.shard_of(hint);
     }
+    let (mut take, mut won, mut extra) = (0, 0, 0);
     if lane == leader {
         match slab {
-            Some(s) => (take, won) = s.lead(warp, hint, lanes),
+            Some(s) => (take, won, extra) = s.lead_retrying(warp, hint, lanes),
             // SAFETY: forwarded contract.
             None => unsafe { g.count(COUNTER_FAILED_ALLOCS, warp.slot_hint(), lanes) },
         }
     }
-    let won = warp.shfl(active, won, leader);
-    let rank = rank_in(group, lane);
+    let lead = Lead {
+        shard,
+        hint,
+        take,
+        won: warp.shfl(active, won, leader),
+        extra: warp.shfl64(active, extra, leader),
+    };
     let mut p = core::ptr::null_mut();
-    let done = slab.is_none() || won.count_ones() == lanes;
-    if let Some(s) = slab.filter(|_| won >> rank & 1 != 0) {
-        p = s.block(hint + rank as u64);
+    if let Some(s) = slab {
+        if let Some(i) = lead.block(rank_in(group, lane)) {
+            p = s.block(i);
+        }
     }
+    let done = slab.is_none() || lead.won.count_ones() + lead.extra.count_ones() == lanes;
     if let Some(s) = slab.filter(|_| !done) {
         let own = Among { warp, mask: group };
-        let lead = Lead {
-            shard,
-            hint,
-            take,
-            won,
-        };
         p = s.finish(&own, lead, None);
         // The rest of the class's chain, for the lanes its head left without a block.
         let rest = own.ballot(group, p.is_null());
@@ -276,21 +278,23 @@ unsafe fn free_mixed<W: Warp>(
     // One 32-bit shuffle: bases at or past 2^32 blocks simply finish one group at a time.
     let lead = warp.shfl(active, base as u32, leader);
     // A run of at most 32 blocks touches at most two words.
-    let ok = slab.is_none() || (idx.is_some() && base == lead as u64);
+    let run = slab.is_none() || (idx.is_some() && base == lead as u64);
     // Also waits for every lane's accesses to its block before the leaders' Release.
-    let bad = warp.ballot(active, !ok);
-    let done = bad & group == 0;
-    if lane == leader && done {
-        match slab {
-            Some(s) => s.free_run_at(warp, base, lanes),
-            // SAFETY: forwarded contract.
-            None if key == NO_CLASS => unsafe {
-                g.count(COUNTER_FOREIGN_FREES, warp.slot_hint(), lanes)
-            },
-            None => {}
+    let not_run = warp.ballot(active, !run);
+    if not_run & group == 0 {
+        if lane == leader {
+            match slab {
+                Some(s) => s.free_run_at(warp, base, lanes),
+                // SAFETY: forwarded contract.
+                None if key == NO_CLASS => unsafe {
+                    g.count(COUNTER_FOREIGN_FREES, warp.slot_hint(), lanes)
+                },
+                None => {}
+            }
         }
-    }
-    if !done {
+    } else {
+        // Lanes freeing one by one instead (a `fetch_and` and a count each) measured slower
+        // than the group's collectives, though ptxas runs those one group at a time.
         // SAFETY: forwarded contract; exactly the lanes of `group` make this call.
         unsafe { free_class(g, &Among { warp, mask: group }, key, ptr) };
     }

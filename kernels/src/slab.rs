@@ -60,6 +60,21 @@ pub(crate) struct Lead {
     pub take: u32,
     /// Bit `r`: block `hint + r` is the rank-`r` lane's.
     pub won: u32,
+    /// Bits of the hint's word claimed after the run ([`Slab::lead_retrying`]): the `j`-th set
+    /// bit is the block of the `j`-th lane (by rank) that `won` left out.
+    pub extra: u64,
+}
+
+impl Lead {
+    /// The block index of the lane of rank `rank`, if the fast step served it.
+    #[inline(always)]
+    pub(crate) fn block(&self, rank: u32) -> Option<u64> {
+        if self.won >> rank & 1 != 0 {
+            return Some(self.hint + rank as u64);
+        }
+        let j = rank - (self.won & ((1u64 << rank) - 1) as u32).count_ones();
+        (j < self.extra.count_ones()).then(|| (self.hint & !63) + nth_set_bit(self.extra, j) as u64)
+    }
 }
 
 impl<'a> Slab<'a> {
@@ -256,16 +271,14 @@ impl<'a> Slab<'a> {
         if won.count_ones() == total {
             return self.block(hint + rank as u64);
         }
-        self.finish(
-            warp,
-            Lead {
-                shard,
-                hint,
-                take,
-                won,
-            },
-            count,
-        )
+        let lead = Lead {
+            shard,
+            hint,
+            take,
+            won,
+            extra: 0,
+        };
+        self.finish(warp, lead, count)
     }
 
     /// The shard that holds block `hint`.
@@ -308,8 +321,15 @@ impl<'a> Slab<'a> {
     /// turned from clear to set, bit `r` for block `hint + r`.
     #[inline(always)]
     pub fn claim_run<W: Warp>(&self, warp: &W, hint: u64, n: u32) -> u32 {
+        self.claim_run_seen(warp, hint, n).0
+    }
+
+    /// [`Slab::claim_run`], with the hint's word as the first `fetch_or` left it (0 when `n` is
+    /// 0): what a retry in that word starts from.
+    #[inline(always)]
+    fn claim_run_seen<W: Warp>(&self, warp: &W, hint: u64, n: u32) -> (u32, u64) {
         if n == 0 {
-            return 0;
+            return (0, 0);
         }
         let w = (hint >> 6) as u32;
         let o = (hint & 63) as u32;
@@ -324,7 +344,35 @@ impl<'a> Slab<'a> {
             let old_hi = warp.fetch_or_acquire(self.word(w + 1), hi);
             won |= ((hi & !old_hi) << (64 - o)) as u32;
         }
-        won
+        (won, old_lo | lo)
+    }
+
+    /// [`Slab::lead`] for a group that shares its warp with others (`carve_malloc` with mixed
+    /// classes), where runs collide far more often: when the run leaves reserved blocks
+    /// unclaimed, the leader claims them at once among the clear bits of the hint's word, with
+    /// one more `fetch_or` and no collective. Returns the reservation, the run's bits won, and
+    /// the bits of the hint's word won by that retry (for the lanes the run did not serve, in
+    /// rank order: see [`Lead::block`]).
+    #[inline(always)]
+    pub(crate) fn lead_retrying<W: Warp>(
+        &self,
+        warp: &W,
+        hint: u64,
+        total: u32,
+    ) -> (u32, u32, u64) {
+        let per = 64u64 << self.h.shard_words_log2;
+        let at = hint & (per - 1);
+        let blocks = (self.h.capacity - (hint - at)).min(per);
+        let take = self.reserve_in(self.shard_of(hint), blocks as u32, total);
+        let run = (blocks - at).min(take as u64) as u32;
+        let (won, seen) = self.claim_run_seen(warp, hint, run);
+        let missing = take - won.count_ones();
+        if missing == 0 {
+            return (take, won, 0);
+        }
+        // Bits of this word only: it lies in the reserved shard.
+        let (extra, _) = self.claim_round(warp, (hint >> 6) as u32, seen, 0, missing);
+        (take, won, extra)
     }
 
     /// The fast path's claim left lanes without a block (`won`: bit `r` for the rank-`r` lane's
@@ -341,6 +389,7 @@ impl<'a> Slab<'a> {
             hint,
             take,
             won,
+            extra,
         }: Lead,
         count: Option<bool>,
     ) -> u64 {
@@ -349,10 +398,15 @@ impl<'a> Slab<'a> {
         let lane = warp.lane();
         let leader = active.trailing_zeros();
         let take = warp.shfl(active, take, leader);
-        let mut mine = NONE;
-        if (won >> rank_in(active, lane)) & 1 != 0 {
-            mine = hint + rank_in(active, lane) as u64;
+        let mut mine = Lead {
+            shard,
+            hint,
+            take,
+            won,
+            extra,
         }
+        .block(rank_in(active, lane))
+        .unwrap_or(NONE);
         let mine = &mut mine;
         let got = warp.ballot(active, *mine != NONE);
         let pending = active & !got;

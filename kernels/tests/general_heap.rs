@@ -517,3 +517,57 @@ fn a_mixed_warp_goes_on_down_a_class_chain() {
     assert_eq!(tail.class_stats(c).2, failed);
     assert_eq!(head.class_stats(c).0 + tail.class_stats(c).0, cap);
 }
+
+/// A group's run is lost and its word holds fewer clear bits than it needs: the leader's retry
+/// takes what the word has, and the rest of the group goes out of line from there. Blocks stay
+/// unique and intact, counts exact, and all of them come back.
+#[test]
+fn a_group_whose_word_fills_goes_on_out_of_line() {
+    let heap = HostGeneral::new(1 << 18);
+    let size = |l: u32| {
+        if l < 12 {
+            48
+        } else {
+            16 + 16 * (l % 3) as u64 + 64
+        }
+    };
+    let calls = 11u32;
+    let mut got = Vec::new();
+    for call in 0..calls {
+        got.push(lockstep::run(32, call, |w| {
+            let bytes = size(w.lane());
+            // SAFETY: a formatted heap that outlives the call; seed 0 every time, so every call
+            // after the first loses its runs.
+            let p = unsafe { general::malloc(heap.header(), w, bytes, 0) };
+            assert!(!p.is_null());
+            // SAFETY: the block is this lane's, at least `bytes` long.
+            unsafe { p.write_bytes(call as u8 ^ (w.lane() as u8) << 3, bytes as usize) };
+            p as u64
+        }));
+    }
+    let c48 = class_of(48).unwrap() as usize;
+    assert_eq!(heap.class_stats(c48).0, 12 * calls as u64);
+    assert_eq!(bitmap_ones(&heap, c48), 12 * calls as u64);
+    let mut all: Vec<(u64, u64)> = Vec::new();
+    for (call, ptrs) in got.iter().enumerate() {
+        for (l, &p) in ptrs.iter().enumerate() {
+            let bytes = size(l as u32);
+            heap.assert_block_of(p as *mut u8, bytes);
+            // SAFETY: written above by this lane; nobody else holds it.
+            let s = unsafe { std::slice::from_raw_parts(p as *const u8, bytes as usize) };
+            assert!(s.iter().all(|&b| b == call as u8 ^ (l as u8) << 3));
+            all.push((p, bytes));
+        }
+    }
+    all.sort_unstable();
+    assert!(all.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0), "overlap");
+    for (call, ptrs) in got.iter().enumerate() {
+        lockstep::run(32, call as u32, |w| {
+            heap.free(w, ptrs[w.lane() as usize] as *mut u8)
+        });
+    }
+    assert_eq!(heap.total_in_use(), 0);
+    assert_eq!(bitmap_ones(&heap, c48), 0);
+    let doubles: u64 = (0..heap.plan.nclasses).map(|c| heap.class_stats(c).4).sum();
+    assert_eq!(doubles, 0);
+}
