@@ -343,7 +343,7 @@ fn expandable_resource<B: PhysicalBacking>(r: ExpandableMemoryResource<B>) -> Pr
             format!(
                 "chunks: small range ({} MiB) {} created, {} moved; large range ({} MiB) {} \
                  created, {} moved; driver calls: {} create, {} map, {} set_access, {} unmap, \
-                 {} release, {} device synchronisation(s)",
+                 {} release; synchronisations: {} of the device, {} of a stream",
                 s.small.chunk_size >> 20,
                 s.small.chunks_created,
                 s.small.chunks_moved,
@@ -355,7 +355,8 @@ fn expandable_resource<B: PhysicalBacking>(r: ExpandableMemoryResource<B>) -> Pr
                 c.access_grants,
                 c.unmaps,
                 c.releases,
-                s.small.synchronizations + s.large.synchronizations
+                s.small.synchronizations + s.large.synchronizations,
+                s.small.stream_synchronizations + s.large.stream_synchronizations
             )
         })),
         // Free pages of either range can be released and mapped again where needed.
@@ -380,14 +381,15 @@ fn virtual_resource<B: PhysicalBacking>(r: VirtualMemoryResource<B>) -> Probes {
             let s = notes.stats();
             format!(
                 "chunks of {} MiB: {} created, {} moved; driver calls: {} map, {} set_access, {} \
-                 unmap, {} device synchronisation(s)",
+                 unmap; synchronisations: {} of the device, {} of a stream",
                 s.chunk_size >> 20,
                 s.chunks_created,
                 s.chunks_moved,
                 s.maps,
                 s.access_grants,
                 s.unmaps,
-                s.synchronizations
+                s.synchronizations,
+                s.stream_synchronizations
             )
         })),
     }

@@ -150,6 +150,7 @@ unsafe impl<B: PhysicalBacking> PhysicalBacking for CountingBacking<B> {
 pub(crate) struct SyncCounter {
     inner: std::sync::Arc<dyn StreamOrder>,
     syncs: AtomicU64,
+    stream_syncs: AtomicU64,
 }
 
 impl SyncCounter {
@@ -157,11 +158,16 @@ impl SyncCounter {
         SyncCounter {
             inner,
             syncs: 0.into(),
+            stream_syncs: 0.into(),
         }
     }
     /// Successful [`StreamOrder::synchronize_all`] calls so far.
     pub fn syncs(&self) -> u64 {
         self.syncs.load(Relaxed)
+    }
+    /// Successful [`StreamOrder::synchronize`] calls so far.
+    pub fn stream_syncs(&self) -> u64 {
+        self.stream_syncs.load(Relaxed)
     }
 }
 
@@ -178,6 +184,8 @@ impl StreamOrder for SyncCounter {
         Ok(())
     }
     fn synchronize(&self, stream: StreamRef<'_>) -> Result<()> {
-        self.inner.synchronize(stream)
+        self.inner.synchronize(stream)?;
+        self.stream_syncs.fetch_add(1, Relaxed);
+        Ok(())
     }
 }

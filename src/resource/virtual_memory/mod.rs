@@ -53,7 +53,7 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use self::pages::Pages;
+use self::pages::{Pages, Settled};
 use super::coalescing::core::{
     allocate_from, footprint, free_into, Placer, PoolCore, Reach, GRAIN,
 };
@@ -169,6 +169,9 @@ pub struct VirtualStats {
     /// Device-wide synchronisations (before moves and trims, and to reach other streams' free
     /// blocks).
     pub synchronizations: u64,
+    /// Synchronisations of the allocating stream alone, before moves when no other stream held
+    /// free blocks.
+    pub stream_synchronizations: u64,
 }
 
 /// One reserved virtual range that grows in place, mapping physical chunks on demand. Cheap to
@@ -351,6 +354,7 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
             unmaps: c.unmaps,
             access_grants: c.access_grants,
             synchronizations: self.inner.order.syncs(),
+            stream_synchronizations: self.inner.order.stream_syncs(),
         }
     }
 
@@ -463,7 +467,8 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
 // SAFETY: blocks are carved by the coalescing engine (disjoint, aligned, each handed out once)
 // from `[base, base + reserved)`, which the backing reserved for us alone; before a block is
 // returned every page it touches is mapped with the backing's access (`Pages::commit`), and a
-// page is unmapped only with no live block on it, after a device-wide synchronisation.
+// page is unmapped only with no live block on it, after waiting for all work that used it: the
+// device's, or the allocating stream's when no other stream holds free blocks (`Settled`).
 unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
     fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, GRAIN)?;
@@ -508,9 +513,16 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
             };
             (p, start) = (q, q.as_ptr() as usize);
         }
+        let settled = if synced {
+            Settled::Device
+        } else if st.core.others_hold_free(stream.id()) {
+            Settled::No
+        } else {
+            Settled::ByStream(stream)
+        };
         if let Err(e) = st
             .pages
-            .commit(&self.inner.backing, order, synced, start, start + size)
+            .commit(&self.inner.backing, order, settled, start, start + size)
         {
             // Never used: back to the index (a block of ours with its own size cannot fail).
             let _ = st.core.free(NAME, stream.id(), start, bytes);

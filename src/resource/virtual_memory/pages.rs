@@ -2,8 +2,8 @@
 //!
 //! A page is mapped while a live block overlaps it; when its last block goes, it stays mapped
 //! but *free* (in a list), so a block placed there later costs no driver call. A page that must
-//! be mapped takes the physical chunk of a free page, wherever that lies (one device-wide
-//! synchronisation, then unmap and map), and creates a chunk only when no page is free. So the
+//! be mapped takes the physical chunk of a free page, wherever that lies (a synchronisation of
+//! the device, or of the allocating stream when it alone holds free blocks; then unmap and map), and creates a chunk only when no page is free. So the
 //! physical memory held never exceeds the most pages live blocks have touched at once.
 
 use std::cell::RefCell;
@@ -12,6 +12,21 @@ use super::backing::{PhysicalBacking, PhysicalHandle};
 use crate::error::{Error, Result};
 use crate::resource::coalescing::core::Placer;
 use crate::resource::StreamOrder;
+use crate::stream::StreamRef;
+
+/// What a caller of [`Pages::commit`] knows of the work that may still use free pages.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Settled<'a> {
+    /// The device was synchronised since the last free: nothing to wait for.
+    Device,
+    /// Every free block was freed on this stream, reached it through a wait on another
+    /// stream's mark, or was opened to all by a device-wide synchronisation: waiting for this
+    /// stream covers all work on them, and leaves another thread's graph capture alone (a
+    /// device-wide synchronisation would break it).
+    ByStream(StreamRef<'a>),
+    /// Other streams hold free blocks: only the whole device will do.
+    No,
+}
 
 const NOT_FREE: u32 = u32::MAX;
 
@@ -105,13 +120,14 @@ impl Pages {
         self.free.len()
     }
 
-    /// Makes `[start, end)` mapped for a new live block; `synced`: the caller synchronised the
-    /// device since the last free (so free pages may move at once). On failure nothing changed.
+    /// Makes `[start, end)` mapped for a new live block. Before free pages move, the work that
+    /// may still use them must be done: `settled` says how much to wait for (nothing, when the
+    /// caller synchronised the device since the last free). On failure nothing changed.
     pub fn commit<B: PhysicalBacking>(
         &mut self,
         backing: &B,
         order: &dyn StreamOrder,
-        synced: bool,
+        settled: Settled<'_>,
         start: usize,
         end: usize,
     ) -> Result<()> {
@@ -154,7 +170,7 @@ impl Pages {
                 ),
             });
         }
-        if let Err(e) = self.map_missing(backing, order, synced, span.clone()) {
+        if let Err(e) = self.map_missing(backing, order, settled, span.clone()) {
             self.decommit(start, end);
             return Err(e);
         }
@@ -165,12 +181,16 @@ impl Pages {
         &mut self,
         backing: &B,
         order: &dyn StreamOrder,
-        synced: bool,
+        settled: Settled<'_>,
         span: std::ops::Range<usize>,
     ) -> Result<()> {
         // Free pages may still be in use by work queued before their blocks were freed.
-        if !self.free.is_empty() && !synced {
-            order.synchronize_all()?;
+        if !self.free.is_empty() {
+            match settled {
+                Settled::Device => {}
+                Settled::ByStream(stream) => order.synchronize(stream)?,
+                Settled::No => order.synchronize_all()?,
+            }
         }
         let mut mapped_now: Vec<usize> = Vec::new();
         let result = self.map_each(backing, span, &mut mapped_now);

@@ -79,8 +79,11 @@ fn a_large_request_reuses_scattered_free_pages() {
     r.check_invariants().unwrap();
 }
 
+/// The free page was freed on the allocating stream, and no other stream holds free blocks:
+/// waiting for that stream covers the page's last use, so the device (and another thread's
+/// graph capture) is left alone.
 #[test]
-fn moving_a_chunk_first_waits_for_the_device() {
+fn moving_a_chunk_freed_on_the_same_stream_waits_for_that_stream_alone() {
     let backing = Arc::new(SimulatedBacking::new(8 * MIB, PAGE).unwrap());
     let order = Arc::new(RecordingOrder::new());
     let r = VirtualMemoryResource::new(
@@ -96,7 +99,44 @@ fn moving_a_chunk_first_waits_for_the_device() {
     assert_eq!(order.events(), vec![]);
     // The freed page is in A's hands; a larger block elsewhere needs its chunk.
     let _c = alloc(&r, A, 2 * PAGE - 256);
-    assert!(order.events().contains(&OrderEvent::SyncAll));
+    assert_eq!(order.events(), vec![OrderEvent::Sync(A.id())]);
+    let s = r.stats();
+    assert_eq!(
+        (
+            s.chunks_moved,
+            s.synchronizations,
+            s.stream_synchronizations
+        ),
+        (1, 0, 1)
+    );
+    r.check_invariants().unwrap();
+}
+
+/// As above, but another stream holds a free block too: the move waits for the whole device.
+#[test]
+fn moving_a_chunk_while_another_stream_holds_free_blocks_waits_for_the_device() {
+    let backing = Arc::new(SimulatedBacking::new(8 * MIB, PAGE).unwrap());
+    let order = Arc::new(RecordingOrder::new());
+    let r = VirtualMemoryResource::new(
+        backing,
+        VirtualOptions::expandable()
+            .maximum(6 * MIB)
+            .order(order.clone()),
+    )
+    .unwrap();
+    let a = alloc(&r, A, PAGE);
+    let b = alloc(&r, B, 256);
+    let _keep = alloc(&r, A, PAGE);
+    free(&r, A, a, PAGE);
+    free(&r, B, b, 256);
+    let seen = order.events().len();
+    let _c = alloc(&r, A, 2 * PAGE - 256);
+    assert!(
+        order.events()[seen..].contains(&OrderEvent::SyncAll),
+        "{:?}",
+        order.events()
+    );
+    assert!(!order.events().contains(&OrderEvent::Sync(A.id())));
     r.check_invariants().unwrap();
 }
 
