@@ -64,6 +64,7 @@ pub fn in_relaxed_scope() -> bool {
 /// Runs `f` with the calling thread's stream-capture mode relaxed
 /// (`cuThreadExchangeStreamCaptureMode`), so synchronous calls such as `cuMemAlloc` do not
 /// invalidate a capture in progress, as PyTorch does around its graph pools' allocations.
+/// Before carve has initialised the driver ([`crate::driver::init`]) it runs `f` as it is.
 pub fn relaxed<T>(f: impl FnOnce() -> T) -> T {
     struct Restore(Option<sys::CUstreamCaptureMode>, bool);
     impl Drop for Restore {
@@ -75,7 +76,8 @@ pub fn relaxed<T>(f: impl FnOnce() -> T) -> T {
             }
         }
     }
-    let previous = super::init().ok().and_then(|()| {
+    // A driver that carve never initialised has no capture of carve's streams to protect.
+    let previous = super::driver_initialised().then_some(()).and_then(|()| {
         let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         // SAFETY: exchanges this thread's capture mode; the old one is restored on drop.
         let rc = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };

@@ -24,7 +24,6 @@ use crate::error::{Error, Result};
 
 /// Loads libcuda and initialises the driver, once. Later calls return the first outcome.
 pub fn init() -> Result<()> {
-    static INIT: OnceLock<Result<(), String>> = OnceLock::new();
     INIT.get_or_init(|| {
         // SAFETY: only probes whether the library can be opened.
         if !unsafe { sys::is_culib_present() } {
@@ -34,6 +33,14 @@ pub fn init() -> Result<()> {
     })
     .clone()
     .map_err(Error::NoDriver)
+}
+
+static INIT: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+
+/// True when [`init`] has run and succeeded; never loads the driver itself (a probe for a
+/// library that is absent costs about a millisecond, which host-only callers need not pay).
+pub(crate) fn driver_initialised() -> bool {
+    INIT.get().is_some_and(|r| r.is_ok())
 }
 
 /// Free and total memory of device `ordinal` (`cuMemGetInfo`).

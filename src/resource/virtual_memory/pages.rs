@@ -170,7 +170,12 @@ impl Pages {
                 ),
             });
         }
-        if let Err(e) = self.map_missing(backing, order, settled, span.clone()) {
+        // Relaxed, as PyTorch does around cudaMalloc: the driver calls of a map or a move (and
+        // a stream's synchronisation) do not invalidate another thread's graph capture.
+        let mapped = crate::driver::capture::relaxed(|| {
+            self.map_missing(backing, order, settled, span.clone())
+        });
+        if let Err(e) = mapped {
             self.decommit(start, end);
             return Err(e);
         }
