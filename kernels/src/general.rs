@@ -255,9 +255,8 @@ pub unsafe fn free<W: Warp>(g: &GeneralHeader, warp: &W, ptr: *mut u8) {
 /// [`malloc_mixed`]: every group whose pointers are a run of its class's first segment, in rank
 /// order (blocks freed as they were handed out), is cleared by its leader at once, with one
 /// `fetch_and` per bitmap word the run touches ([`Slab::free_run_at`]); null and foreign groups
-/// are settled by their leaders in the same step, and so are groups whose blocks lie in one
-/// word of the first segment ([`Warp::group_or`] gathers their bits, [`Slab::free_bits`] clears
-/// them); only the other groups free as warps of their own lanes, in place.
+/// are settled by their leaders in the same step; only the other groups free as warps of their
+/// own lanes, in place.
 ///
 /// # Safety
 /// As for [`free`]; exactly the lanes of `active` make this call.
@@ -282,21 +281,7 @@ unsafe fn free_mixed<W: Warp>(
     let run = slab.is_none() || (idx.is_some() && base == lead as u64);
     // Also waits for every lane's accesses to its block before the leaders' Release.
     let not_run = warp.ballot(active, !run);
-    let run_done = not_run & group == 0;
-    // A group that is no run but frees blocks of one word of the first segment (a leader's
-    // retry handed them out, or they come back out of order): the leader clears the bits of all
-    // its lanes at once, gathered with shuffles over the whole warp.
-    let (mut word_done, mut bits, mut word) = (false, 0, 0);
-    if not_run != 0 {
-        word = idx.map_or(u32::MAX, |i| (i >> 6) as u32);
-        let in_word = idx.is_some() && word == warp.shfl(active, word, leader);
-        word_done = !run_done && warp.ballot(active, !in_word) & group == 0;
-        if warp.ballot(active, word_done) != 0 {
-            let bit = idx.filter(|_| word_done).map_or(0, |i| 1u64 << (i & 63));
-            bits = warp.group_or(active, group, bit);
-        }
-    }
-    if run_done {
+    if not_run & group == 0 {
         if lane == leader {
             match slab {
                 Some(s) => s.free_run_at(warp, base, lanes),
@@ -306,10 +291,6 @@ unsafe fn free_mixed<W: Warp>(
                 },
                 None => {}
             }
-        }
-    } else if word_done {
-        if let Some(s) = slab.filter(|_| lane == leader) {
-            s.free_bits(warp, word, bits, lanes);
         }
     } else {
         // Lanes freeing one by one instead (a `fetch_and` and a count each) measured slower

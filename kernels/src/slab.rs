@@ -620,17 +620,6 @@ impl<'a> Slab<'a> {
         self.settle_free(warp, w, lo.count_ones(), (old_lo & lo).count_ones());
     }
 
-    /// Clears `bits` of word `w` (the blocks `lanes` lanes free; fewer bits than lanes when
-    /// two of them free one block) with one Release `fetch_and`, then moves the shard count by
-    /// the bits that were set, the rest counted as double frees. One lane calls it for its
-    /// group, as [`Slab::free_run_at`].
-    #[inline(always)]
-    pub(crate) fn free_bits<W: Warp>(&self, warp: &W, w: u32, bits: u64, lanes: u32) {
-        // Release: as in `free_run`.
-        let old = warp.fetch_and_release(self.word(w), !bits);
-        self.settle_free(warp, w, lanes, (old & bits).count_ones());
-    }
-
     /// Moves the count of `word`'s shard after a free of `lanes` blocks of which `freed` were in
     /// use; counts the rest as double frees on a checked heap.
     #[inline(always)]

@@ -9,6 +9,9 @@
 //!   different masks can be open at once: a subset of lanes may run collectives of its own
 //!   while the rest wait at one over the whole warp, and a record is never reused while a lane
 //!   still reads it. A lane that has finished its closure counts as arrived (with value 0).
+//!   Lanes of one call must make the same collective at the same place in the source: a lane
+//!   that skipped one (a short-circuit `&&` before a shuffle, say) and meets the others at its
+//!   next fails the test, where on the GPU the warp hangs.
 //! - **`active()`** emulates `activemask` under divergence: the lanes that call it wait until
 //!   every running lane is blocked (at a collective, at `active()`, or finished), and those at
 //!   `active()` together get their own set. So `if want { alloc }` in the closure gives the
@@ -27,6 +30,9 @@ use carve_kernels::warp::Warp;
 /// One collective call in progress.
 struct Record {
     id: u64,
+    /// The instruction (`shfl`, `ballot`, ...) and where it is called: lanes of one call must
+    /// all make the same one at the same place.
+    op: (&'static str, &'static std::panic::Location<'static>),
     mask: u32,
     arrived: u32,
     vals: [u64; 32],
@@ -128,9 +134,10 @@ impl Lane<'_> {
     }
 
     /// `__syncwarp()`: waits for every running lane.
+    #[track_caller]
     pub fn sync(&self) {
         let mask = self.launched();
-        self.exchange(mask, 0);
+        self.exchange("syncwarp", mask, 0);
     }
 
     fn check(&self, g: &State) {
@@ -141,7 +148,9 @@ impl Lane<'_> {
 
     /// Publishes `v` to the call of `mask` and returns every lane's value, with the lanes that
     /// published (the others had finished).
-    fn exchange(&self, mask: u32, v: u64) -> ([u64; 32], u32) {
+    #[track_caller]
+    fn exchange(&self, op: &'static str, mask: u32, v: u64) -> ([u64; 32], u32) {
+        let op = (op, std::panic::Location::caller());
         let me = 1u32 << self.lane;
         let mut g = self.shared.lock();
         self.check(&g);
@@ -162,12 +171,25 @@ impl Lane<'_> {
             .iter()
             .position(|r| !r.complete && r.arrived & me == 0 && r.mask & running == mask & running);
         let i = match found {
+            // A lane that skipped a collective the others wait at (a short-circuit `&&`, say)
+            // would meet them at its next one: on the GPU the warp hangs.
+            Some(i) if g.records[i].op != op => {
+                let (theirs, at) = g.records[i].op;
+                let why = format!(
+                    "lane {} calls {} at {} over {mask:#x} where lanes {:#x} wait at {theirs} at {at}",
+                    self.lane, op.0, op.1, g.records[i].arrived
+                );
+                g.failed = Some(why.clone());
+                self.shared.cv.notify_all();
+                panic!("{why}");
+            }
             Some(i) => i,
             None => {
                 let id = g.next_id;
                 g.next_id += 1;
                 g.records.push(Record {
                     id,
+                    op,
                     mask,
                     arrived: 0,
                     vals: [0; 32],
@@ -226,8 +248,9 @@ impl Warp for Lane<'_> {
         self.lane
     }
 
+    #[track_caller]
     fn shfl(&self, mask: u32, v: u32, src: u32) -> u32 {
-        let (vals, arrived) = self.exchange(mask, v as u64);
+        let (vals, arrived) = self.exchange("shfl", mask, v as u64);
         // `shfl.sync.idx` with c = 31 reads lane `src mod 32`.
         let src = src & 31;
         assert!(
@@ -238,20 +261,23 @@ impl Warp for Lane<'_> {
         vals[src as usize] as u32
     }
 
+    #[track_caller]
     fn match_any(&self, mask: u32, v: u64) -> u32 {
-        let (vals, arrived) = self.exchange(mask, v);
+        let (vals, arrived) = self.exchange("match_any", mask, v);
         lanes_of(arrived)
             .filter(|&l| vals[l as usize] == v)
             .fold(0, |m, l| m | 1 << l)
     }
 
+    #[track_caller]
     fn match_all(&self, mask: u32, v: u64) -> bool {
-        let (vals, arrived) = self.exchange(mask, v);
+        let (vals, arrived) = self.exchange("match_all", mask, v);
         lanes_of(arrived).all(|l| vals[l as usize] == v)
     }
 
+    #[track_caller]
     fn ballot(&self, mask: u32, pred: bool) -> u32 {
-        let (vals, arrived) = self.exchange(mask, pred as u64);
+        let (vals, arrived) = self.exchange("ballot", mask, pred as u64);
         lanes_of(arrived)
             .filter(|&l| vals[l as usize] != 0)
             .fold(0, |m, l| m | 1 << l)
