@@ -435,7 +435,8 @@ fn mixed_sizes(c: &Ctx, quick: bool) -> carve::Result<Table> {
 /// what the general heap's class lookup and header cost a single class.
 fn per_class(c: &Ctx, quick: bool) -> carve::Result<Table> {
     let mut table = Table::new(
-        "device_alloc, one class at a time: carve_malloc / carve_free of one size against          carve_slab_alloc / carve_slab_free of that block size (G requests/s; median of 5)",
+        "device_alloc, one class at a time: carve_malloc / carve_free of one size against \
+         carve_slab_alloc / carve_slab_free of that block size (G requests/s; median of 5)",
         &[
             "N",
             "bytes",
@@ -489,7 +490,8 @@ fn per_class(c: &Ctx, quick: bool) -> carve::Result<Table> {
         ]);
     }
     table.note(
-        "carve_malloc: a general heap (DeviceHeap::general) whose every class holds twice the          row's bytes; slab: a slab heap of 1.5 N blocks of that size, as in the first table.",
+        "carve_malloc: a general heap (DeviceHeap::general) whose every class holds twice the \
+         row's bytes; slab: a slab heap of 1.5 N blocks of that size, as in the first table.",
     );
     Ok(table)
 }

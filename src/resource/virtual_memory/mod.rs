@@ -8,8 +8,10 @@
 //! never fails for want of a contiguous hole. Physical memory is counted in chunks (pages, a
 //! multiple of the driver's granularity): a page is mapped while a live block touches it. A
 //! page whose blocks are all freed stays mapped and free; when a block needs a page mapped
-//! elsewhere, the chunk of a free page moves there (after one device-wide synchronisation), so
-//! the memory held follows the pages in use, not the history of the range.
+//! elsewhere, the chunk of a free page moves there, so the memory held follows the pages in
+//! use, not the history of the range. A move first waits for the work that may still use the
+//! page: the allocating stream's, when no other stream holds free blocks, else the device's;
+//! its driver calls run in relaxed capture mode, so another thread's graph capture survives.
 //!
 //! Placement keeps those moves rare: when the best fit would map pages while free pages exist,
 //! the free blocks that fit are weighed by the pages they would map, and the block goes where
@@ -184,7 +186,8 @@ pub struct VirtualStats {
 /// contiguous hole. Physical memory is counted in chunks (pages, a power-of-two multiple of the
 /// driver's granularity); a page is mapped while a live block touches it. A page whose blocks
 /// are all freed stays mapped and free; when a block needs a page mapped elsewhere, the chunk
-/// of a free page moves there (after one device-wide synchronisation), so the memory held
+/// of a free page moves there (after waiting for the stream, or the device, that may still use
+/// it), so the memory held
 /// follows the pages in use, not the history of the range; blocks go to free space on mapped
 /// pages before space whose pages are unmapped, so moves stay rare. [`trim`](Self::trim) unmaps
 /// and frees every free page.
