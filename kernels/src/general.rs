@@ -4,9 +4,9 @@
 //! **Allocation.** Each lane maps its request to a class. When every calling lane asks for the
 //! same class (a warp allocating one size, the common case) the warp runs that class's slab
 //! allocation as it is, straight-line on a full warp. Otherwise the lanes are grouped by class
-//! (`match_any`), and every group runs the slab allocation at once as a warp of its own lanes
-//! ([`Among`]): its collectives name only its lanes, as in warp-aggregated atomics keyed by
-//! `match_any`, so the groups' atomics overlap.
+//! (`match_any`), and every group's leader reserves and claims blocks for its lanes in one step
+//! of the whole warp (see [`malloc`]'s mixed path); only groups left short finish as warps of
+//! their own lanes ([`Among`]).
 //! Requests above 64 KiB take a large class (a whole power-of-two block, up to 16 MiB) when the
 //! heap has it in use: a large class is in use when one of its blocks fits a class's bytes.
 //! Requests of 0 bytes, or past the largest class in use, return null and are counted as failed
@@ -14,9 +14,10 @@
 //!
 //! **Free.** The class of a pointer is `(ptr - base) >> stride_log2` (class segments sit at equal
 //! power-of-two strides), so no size is passed and nothing is searched; lanes are grouped by class
-//! the same way and each group frees into its class's slab (which counts pointers that are not one
-//! of its blocks). Pointers outside every class are counted as foreign frees in the header; null
-//! is ignored.
+//! the same way: a group freeing a run of blocks is cleared by its leader in one step of the whole
+//! warp, and any other group frees into its class's slab as a warp of its own lanes (the slab
+//! counts pointers that are not one of its blocks). Pointers outside every class are counted as
+//! foreign frees in the header; null is ignored.
 //!
 //! No new atomic protocol: the header is read-only while kernels run, and every atomic is the
 //! slab's own, on one class's segment at a time (grouping only narrows which lanes take part).
@@ -135,8 +136,9 @@ pub unsafe fn malloc<W: Warp>(g: &GeneralHeader, warp: &W, bytes: u64, seed: u32
 /// lanes compiles to a loop over the distinct masks (ptxas), so collectives per class group run
 /// the groups one after another. Instead, every group's leader reserves and claims its run at
 /// once, then what the run missed among the clear bits of its word ([`Slab::lead_retrying`]
-/// names no other lane), and shuffles hand each lane its own leader's result. Only groups that did not win their whole run finish as warps of their own lanes
-/// (where ptxas serialises them).
+/// names no other lane), and shuffles hand each lane its own leader's result. Only groups left
+/// short (a word without enough clear bits, a shard without room) finish as warps of their own
+/// lanes, where ptxas serialises them.
 ///
 /// The groups that finish do so in place, not in a loop that takes one group per round while
 /// the rest of the warp waits at a collective: on the H100, that loop hung a kernel whose lanes

@@ -175,9 +175,11 @@ impl Lane<'_> {
             // would meet them at its next one: on the GPU the warp hangs.
             Some(i) if g.records[i].op != op => {
                 let (theirs, at) = g.records[i].op;
+                let (lane, arrived) = (self.lane, g.records[i].arrived);
                 let why = format!(
-                    "lane {} calls {} at {} over {mask:#x} where lanes {:#x} wait at {theirs} at {at}",
-                    self.lane, op.0, op.1, g.records[i].arrived
+                    "lane {lane} calls {} at {} over {mask:#x} where lanes {arrived:#x} wait at \
+                     {theirs} at {at}",
+                    op.0, op.1
                 );
                 g.failed = Some(why.clone());
                 self.shared.cv.notify_all();

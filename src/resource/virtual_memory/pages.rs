@@ -3,8 +3,9 @@
 //! A page is mapped while a live block overlaps it; when its last block goes, it stays mapped
 //! but *free* (in a list), so a block placed there later costs no driver call. A page that must
 //! be mapped takes the physical chunk of a free page, wherever that lies (a synchronisation of
-//! the device, or of the allocating stream when it alone holds free blocks; then unmap and map), and creates a chunk only when no page is free. So the
-//! physical memory held never exceeds the most pages live blocks have touched at once.
+//! the device, or of the allocating stream when it alone holds free blocks; then unmap and
+//! map), and creates a chunk only when no page is free. So the physical memory held never
+//! exceeds the most pages live blocks have touched at once.
 
 use std::cell::RefCell;
 
