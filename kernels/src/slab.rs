@@ -294,13 +294,20 @@ impl<'a> Slab<'a> {
     /// run it at once (`carve_malloc` with mixed classes).
     #[inline(always)]
     pub(crate) fn lead<W: Warp>(&self, warp: &W, hint: u64, total: u32) -> (u32, u32) {
+        let (take, run) = self.reserve_run(hint, total);
+        (take, self.claim_run(warp, hint, run))
+    }
+
+    /// Reserves up to `total` blocks in the shard of `hint`; returns the reservation and the
+    /// length of the run from `hint` to claim (the shard may end first).
+    #[inline(always)]
+    fn reserve_run(&self, hint: u64, total: u32) -> (u32, u32) {
         // The shard's blocks, and the hint's place among them, without 64-bit multiplies.
         let per = 64u64 << self.h.shard_words_log2;
         let at = hint & (per - 1);
         let blocks = (self.h.capacity - (hint - at)).min(per);
         let take = self.reserve_in(self.shard_of(hint), blocks as u32, total);
-        let run = (blocks - at).min(take as u64) as u32;
-        (take, self.claim_run(warp, hint, run))
+        (take, (blocks - at).min(take as u64) as u32)
     }
 
     /// Every calling lane's block after a [`Slab::lead`] that did not serve them all (`lead`:
@@ -360,11 +367,7 @@ impl<'a> Slab<'a> {
         hint: u64,
         total: u32,
     ) -> (u32, u32, u64) {
-        let per = 64u64 << self.h.shard_words_log2;
-        let at = hint & (per - 1);
-        let blocks = (self.h.capacity - (hint - at)).min(per);
-        let take = self.reserve_in(self.shard_of(hint), blocks as u32, total);
-        let run = (blocks - at).min(take as u64) as u32;
+        let (take, run) = self.reserve_run(hint, total);
         let (won, seen) = self.claim_run_seen(warp, hint, run);
         let missing = take - won.count_ones();
         if missing == 0 {
