@@ -79,11 +79,12 @@ fn a_large_request_reuses_scattered_free_pages() {
     r.check_invariants().unwrap();
 }
 
-/// The free page was freed on the allocating stream, and no other stream holds free blocks:
-/// waiting for that stream covers the page's last use, so the device (and another thread's
-/// graph capture) is left alone.
-#[test]
-fn moving_a_chunk_freed_on_the_same_stream_waits_for_that_stream_alone() {
+/// An expandable resource of at most 6 MiB (three pages) over simulated memory, with the
+/// ordering requests it makes recorded.
+fn expandable_recorded() -> (
+    VirtualMemoryResource<Arc<SimulatedBacking>>,
+    Arc<RecordingOrder>,
+) {
     let backing = Arc::new(SimulatedBacking::new(8 * MIB, PAGE).unwrap());
     let order = Arc::new(RecordingOrder::new());
     let r = VirtualMemoryResource::new(
@@ -93,6 +94,15 @@ fn moving_a_chunk_freed_on_the_same_stream_waits_for_that_stream_alone() {
             .order(order.clone()),
     )
     .unwrap();
+    (r, order)
+}
+
+/// The free page was freed on the allocating stream, and no other stream holds free blocks:
+/// waiting for that stream covers the page's last use, so the device (and another thread's
+/// graph capture) is left alone.
+#[test]
+fn moving_a_chunk_freed_on_the_same_stream_waits_for_that_stream_alone() {
+    let (r, order) = expandable_recorded();
     let a = alloc(&r, A, PAGE);
     let _b = alloc(&r, A, PAGE);
     free(&r, A, a, PAGE);
@@ -115,15 +125,7 @@ fn moving_a_chunk_freed_on_the_same_stream_waits_for_that_stream_alone() {
 /// As above, but another stream holds a free block too: the move waits for the whole device.
 #[test]
 fn moving_a_chunk_while_another_stream_holds_free_blocks_waits_for_the_device() {
-    let backing = Arc::new(SimulatedBacking::new(8 * MIB, PAGE).unwrap());
-    let order = Arc::new(RecordingOrder::new());
-    let r = VirtualMemoryResource::new(
-        backing,
-        VirtualOptions::expandable()
-            .maximum(6 * MIB)
-            .order(order.clone()),
-    )
-    .unwrap();
+    let (r, order) = expandable_recorded();
     let a = alloc(&r, A, PAGE);
     let b = alloc(&r, B, 256);
     let _keep = alloc(&r, A, PAGE);
