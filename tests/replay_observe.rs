@@ -37,6 +37,7 @@ fn args(log: &Path, kinds: &[ResourceKind]) -> ReplayArgs {
         block_size: None,
         large_upstream: LargeUpstream::Pool,
         simulate_capacity: Some(1 << 30),
+        passes: 1,
         no_progress: true,
         snapshot: None,
         plot: None,

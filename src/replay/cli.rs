@@ -1,4 +1,4 @@
-//! `carve replay LOG [--format csv|torch] [--resource KIND[,KIND...]] [sizes]
+//! `carve replay LOG [--format csv|torch] [--resource KIND[,KIND...]] [sizes] [--passes N]
 //! [--simulate-capacity GiB] [--snapshot FILE] [--plot FILE.svg]`.
 
 use std::path::{Path, PathBuf};
@@ -42,6 +42,11 @@ pub struct ReplayArgs {
     /// "would this log fit on a card this size with this resource?".
     #[arg(long, value_name = "GiB", value_parser = parse_gib)]
     pub simulate_capacity: Option<usize>,
+    /// Replay the log this many times over the same resource, as the iterations of a training
+    /// loop: the first pass grows the resource, later ones show its steady state. Peak
+    /// reserved covers every pass; `--plot` and `--snapshot` record the first.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub passes: u32,
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
@@ -165,6 +170,7 @@ pub fn replay_all(args: &ReplayArgs) -> Result<Vec<Replayed>> {
             !args.no_progress,
             args.plot.is_some(),
             snapshot,
+            args.passes,
         )?);
     }
     Ok(out)

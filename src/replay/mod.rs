@@ -31,7 +31,7 @@ pub mod torch;
 pub use parse::{parse_log, read_log, LogEvent};
 pub use plan::{plan, Op, Plan, Step};
 pub use report::{FirstFailure, ReplayReport};
-pub use run::{replay, replay_sampled};
+pub use run::{replay, replay_passes, replay_sampled};
 pub use target::{
     build_target, LargeUpstream, NoteProbe, ResourceKind, ResourceOptions, SizeProbe, Target,
 };

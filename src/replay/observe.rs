@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::cli::Replayed;
 use super::plan::Plan;
-use super::run::replay_sampled;
+use super::run::{replay, replay_sampled};
 use super::target::{ResourceKind, Target};
 use super::timeline::{ReservedProbe, Sampler};
 use crate::adaptor::TrackingResourceAdaptor;
@@ -17,7 +17,10 @@ use crate::resource::SharedResource;
 const SNAPSHOT_MAX_EVENTS: usize = 4 << 20;
 
 /// Replays `plan` on `target` (a `kind` resource on `device`), sampling bytes over time when
-/// `sample`, and writing a snapshot to `snapshot` when given.
+/// `sample`, and writing a snapshot to `snapshot` when given; then `passes - 1` more passes over
+/// the same resource, folded into the report
+/// ([`ReplayReport::absorb`](super::ReplayReport::absorb)).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn replay_one(
     plan: &Plan,
     mut target: Target,
@@ -26,6 +29,7 @@ pub(crate) fn replay_one(
     progress: bool,
     sample: bool,
     snapshot: Option<PathBuf>,
+    passes: u32,
 ) -> Result<Replayed> {
     let clients = snapshot.as_ref().map(|_| {
         let t = TrackingResourceAdaptor::new(target.resource.clone(), false);
@@ -43,7 +47,14 @@ pub(crate) fn replay_one(
         });
         Sampler::new(plan.steps.len(), probe)
     });
-    let report = replay_sampled(plan, &target, progress, sampler.as_ref())?;
+    let mut report = replay_sampled(plan, &target, progress, sampler.as_ref())?;
+    for _ in 1..passes {
+        report.absorb(replay(plan, &target, false)?);
+    }
+    if passes > 1 {
+        report.peak_reserved = target.peak_reserved.as_ref().map(|f| f());
+        report.resource_notes = target.notes.as_ref().map(|f| f());
+    }
     let timeline = sampler.map(|s| {
         let mut t = s.finish(kind.to_string());
         // cuMemAlloc and host memory reserve exactly what they hand out; the driver pool's

@@ -43,8 +43,12 @@ pub struct ReplayReport {
     pub peak_reserved: Option<usize>,
     /// What the resource says about its own work (chunks mapped and moved), when it can.
     pub resource_notes: Option<String>,
-    /// Wall time of the replayed steps (setup and final cleanup excluded).
+    /// Wall time of the replayed steps (setup and final cleanup excluded), first pass.
     pub elapsed: Duration,
+    /// Wall time of each further pass over the same resource (`carve replay --passes`). These
+    /// find what the first pass reserved still there, as later iterations of a training loop
+    /// do: the resource's steady state, where the first pass also pays for its growth.
+    pub later_passes: Vec<Duration>,
     /// Allocations the resource refused.
     pub failed_allocations: usize,
     /// The first refused allocation.
@@ -63,6 +67,34 @@ impl ReplayReport {
     /// True when every allocation and free succeeded.
     pub fn succeeded(&self) -> bool {
         self.failed_allocations == 0 && self.failed_frees == 0
+    }
+
+    /// Nanoseconds per replayed operation over `elapsed`.
+    pub fn per_op(&self, elapsed: Duration) -> f64 {
+        elapsed.as_nanos() as f64 / (self.allocations + self.frees).max(1) as f64
+    }
+
+    /// The median of [`ReplayReport::later_passes`], per operation; `None` after one pass.
+    pub fn later_per_op(&self) -> Option<f64> {
+        let mut ns: Vec<f64> = self.later_passes.iter().map(|&d| self.per_op(d)).collect();
+        ns.sort_by(f64::total_cmp);
+        ns.get(ns.len() / 2).copied()
+    }
+
+    /// Folds in `later`, a further pass of the same log over the same resource: its time, its
+    /// failures (the first failure stays the earliest pass's), and its peak usage.
+    pub fn absorb(&mut self, later: ReplayReport) {
+        self.later_passes.push(later.elapsed);
+        self.later_passes.extend(later.later_passes);
+        self.peak_bytes = self.peak_bytes.max(later.peak_bytes);
+        self.failed_allocations += later.failed_allocations;
+        self.failed_frees += later.failed_frees;
+        if self.first_failure.is_none() {
+            self.first_failure = later.first_failure;
+        }
+        if self.first_failed_free.is_none() {
+            self.first_failed_free = later.first_failed_free;
+        }
     }
 }
 
@@ -104,7 +136,7 @@ impl fmt::Display for ReplayReport {
             writeln!(f, "  resource     {notes}")?;
         }
         let per_op = if ops > 0 {
-            self.elapsed.as_nanos() as f64 / ops as f64
+            self.per_op(self.elapsed)
         } else {
             0.0
         };
@@ -113,6 +145,19 @@ impl fmt::Display for ReplayReport {
             "  time         {:.3} ms ({per_op:.0} ns per operation)",
             self.elapsed.as_secs_f64() * 1e3
         )?;
+        if let Some(median) = self.later_per_op() {
+            let (lo, hi) = self
+                .later_passes
+                .iter()
+                .map(|&d| self.per_op(d))
+                .fold((f64::MAX, 0f64), |(lo, hi), x| (lo.min(x), hi.max(x)));
+            writeln!(
+                f,
+                "  later passes {} more on the same resource: {median:.0} ns per operation \
+                 (median; {lo:.0}–{hi:.0})",
+                self.later_passes.len()
+            )?;
+        }
         if self.logged_failures > 0 || self.unfreed > 0 {
             writeln!(
                 f,
@@ -146,5 +191,60 @@ impl fmt::Display for ReplayReport {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(ms: u64, failed: usize, line: Option<u64>) -> ReplayReport {
+        ReplayReport {
+            resource: "pool".into(),
+            allocations: 5,
+            frees: 5,
+            threads: 1,
+            streams: 1,
+            peak_bytes: 100 * ms as usize,
+            logged_peak_bytes: 100,
+            peak_reserved: None,
+            resource_notes: None,
+            elapsed: Duration::from_millis(ms),
+            later_passes: vec![],
+            failed_allocations: failed,
+            first_failure: line.map(|line| FirstFailure {
+                line,
+                bytes: 8,
+                in_use: 0,
+                fragmentation: None,
+                largest_free: None,
+                error: "out of memory".into(),
+            }),
+            failed_frees: 0,
+            first_failed_free: None,
+            logged_failures: 0,
+            unfreed: 0,
+        }
+    }
+
+    #[test]
+    fn later_passes_add_failures_and_keep_the_first() {
+        let mut r = report(4, 0, None);
+        assert_eq!(r.later_per_op(), None);
+        r.absorb(report(2, 1, Some(7)));
+        r.absorb(report(1, 2, Some(3)));
+        r.absorb(report(3, 0, None));
+        assert_eq!(r.later_passes.len(), 3);
+        assert_eq!(r.failed_allocations, 3);
+        assert_eq!(r.first_failure.as_ref().map(|f| f.line), Some(7));
+        assert_eq!(r.peak_bytes, 400);
+        // 2 ms over 10 operations: the median of 1, 2 and 3 ms.
+        assert_eq!(r.later_per_op(), Some(200_000.0));
+        assert_eq!(r.per_op(r.elapsed), 400_000.0);
+        let text = r.to_string();
+        assert!(
+            text.contains("later passes 3 more on the same resource: 200000 ns per operation (median; 100000–300000)"),
+            "{text}"
+        );
     }
 }

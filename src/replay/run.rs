@@ -41,6 +41,19 @@ pub fn replay(plan: &Plan, target: &Target, progress: bool) -> Result<ReplayRepo
     replay_sampled(plan, target, progress, None)
 }
 
+/// [`replay`], then `passes - 1` more passes of the same log over the same resource, folded into
+/// the first pass's report ([`ReplayReport::absorb`]). Peak reserved and the resource's notes
+/// are read after the last pass.
+pub fn replay_passes(plan: &Plan, target: &Target, passes: u32) -> Result<ReplayReport> {
+    let mut report = replay(plan, target, false)?;
+    for _ in 1..passes {
+        report.absorb(replay(plan, target, false)?);
+    }
+    report.peak_reserved = target.peak_reserved.as_ref().map(|f| f());
+    report.resource_notes = target.notes.as_ref().map(|f| f());
+    Ok(report)
+}
+
 /// [`replay`], recording live (and, where the sampler can read them, reserved) bytes after the
 /// steps `sampler` picks.
 pub fn replay_sampled(
@@ -229,6 +242,7 @@ impl Shared<'_> {
             peak_reserved: None,
             resource_notes: None,
             elapsed,
+            later_passes: vec![],
             failed_allocations: self.failed_allocs.load(Ordering::Relaxed),
             first_failure: self
                 .first_failure
