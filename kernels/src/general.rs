@@ -167,16 +167,19 @@ unsafe fn malloc_mixed<W: Warp>(
         shard = s.shard_of(hint);
     }
     let (mut take, mut won, mut extra) = (0, 0, 0);
+    let mut at = hint;
     if lane == leader {
         match slab {
-            Some(s) => (take, won, extra) = s.lead_retrying(warp, hint, lanes),
+            Some(s) => (at, take, won, extra) = s.lead_retrying(warp, hint, lanes),
             // SAFETY: forwarded contract.
             None => unsafe { g.count(COUNTER_FAILED_ALLOCS, warp.slot_hint(), lanes) },
         }
     }
+    // The run's start moves by less than a shard: 32 bits carry it.
+    let moved = warp.shfl(active, at.wrapping_sub(hint) as u32, leader);
     let lead = Lead {
         shard,
-        hint,
+        hint: hint.wrapping_add(moved as i32 as u64),
         take,
         won: warp.shfl(active, won, leader),
         extra: warp.shfl64(active, extra, leader),

@@ -170,6 +170,13 @@ impl<'a> Slab<'a> {
     /// [`Slab::reserve`] for shard `s` of `cap` blocks.
     #[inline(always)]
     fn reserve_in(&self, s: u32, cap: u32, want: u32) -> u32 {
+        self.reserve_seen(s, cap, want).0
+    }
+
+    /// [`Slab::reserve_in`], with the shard's count before this call's `fetch_add`; a reservation
+    /// of `take > 0` blocks ends at or below the shard's capacity from there: `old + take <= cap`.
+    #[inline(always)]
+    fn reserve_seen(&self, s: u32, cap: u32, want: u32) -> (u32, u32) {
         // Acquire: pairs with the Release decrement in `free`, so a reserved block's bit is seen
         // clear by the claim that follows.
         let old = self.used(s).fetch_add(want, Ordering::Acquire);
@@ -180,7 +187,7 @@ impl<'a> Slab<'a> {
         if take > 0 {
             self.peak(s).fetch_max(old + take, Ordering::Relaxed);
         }
-        take
+        (take, old)
     }
 
     /// Gives back `n` reserved blocks of shard `s` that were never claimed.
@@ -355,27 +362,39 @@ impl<'a> Slab<'a> {
     }
 
     /// [`Slab::lead`] for a group that shares its warp with others (`carve_malloc` with mixed
-    /// classes), where runs collide far more often: when the run leaves reserved blocks
-    /// unclaimed, the leader claims them at once among the clear bits of the hint's word, with
-    /// one more `fetch_or` and no collective. Returns the reservation, the run's bits won, and
-    /// the bits of the hint's word won by that retry (for the lanes the run did not serve, in
-    /// rank order: see [`Lead::block`]).
+    /// classes), where runs collide far more often. Two changes:
+    /// - The run starts where the count of the hint's shard stood, not at `hint`. While a shard
+    ///   fills (after a bulk free, or from new), groups then take consecutive runs and collide
+    ///   only over blocks freed out of order; from hashed starts, a group's run meets earlier
+    ///   groups' runs more often as the shard fills (bench/mixed_fast_step_model.py).
+    /// - When the run leaves reserved blocks unclaimed, the leader claims them at once among the
+    ///   clear bits of the run's first word, with one more `fetch_or` and no collective.
+    ///
+    /// Returns the run's first block (`hint` when nothing was reserved), the reservation, the
+    /// run's bits won, and the bits of the run's first word won by the retry (for the lanes the
+    /// run did not serve, in rank order: see [`Lead::block`]).
     #[inline(always)]
     pub(crate) fn lead_retrying<W: Warp>(
         &self,
         warp: &W,
         hint: u64,
         total: u32,
-    ) -> (u32, u32, u64) {
-        let (take, run) = self.reserve_run(hint, total);
-        let (won, seen) = self.claim_run_seen(warp, hint, run);
+    ) -> (u64, u32, u32, u64) {
+        let s = self.shard_of(hint);
+        let (take, old) = self.reserve_seen(s, self.shard_capacity(s), total);
+        if take == 0 {
+            return (hint, 0, 0, 0);
+        }
+        // `old + take` is within the shard: the run needs no clipping.
+        let hint = ((s as u64) << (6 + self.h.shard_words_log2)) + old as u64;
+        let (won, seen) = self.claim_run_seen(warp, hint, take);
         let missing = take - won.count_ones();
         if missing == 0 {
-            return (take, won, 0);
+            return (hint, take, won, 0);
         }
         // Bits of this word only: it lies in the reserved shard.
         let (extra, _) = self.claim_round(warp, (hint >> 6) as u32, seen, 0, missing);
-        (take, won, extra)
+        (hint, take, won, extra)
     }
 
     /// The fast path's claim left lanes without a block (`won`: bit `r` for the rank-`r` lane's
