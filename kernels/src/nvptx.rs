@@ -49,6 +49,14 @@ pub struct NvptxWarp;
 
 impl Warp for NvptxWarp {
     const TRACKS_ACTIVE: bool = true;
+
+    #[inline(always)]
+    unsafe fn copy_handle(&self, h: &HeapHandle) -> HeapHandle {
+        // SAFETY: the trait's contract: a handle in global memory, 128-byte aligned, that the
+        // host writes only between launches.
+        unsafe { read_handle(h) }
+    }
+
     #[inline(always)]
     fn active(&self) -> u32 {
         let m: u32;
@@ -360,14 +368,23 @@ pub unsafe fn load_handle(heap: *const HeapHandle, tag: u64) -> Option<HeapHandl
     if heap.is_null() {
         return None;
     }
+    // SAFETY: the caller's contract.
+    let h = unsafe { read_handle(heap) };
+    (h.magic as u64 | (h.kind as u64) << 32 == tag).then_some(h)
+}
+
+/// The handle at `heap`, read as [`load_handle`] does, unchecked.
+///
+/// # Safety
+/// `heap` is the device address of 128 bytes of global memory, 16-byte aligned, that nothing
+/// writes while the kernel runs.
+#[inline(always)]
+unsafe fn read_handle(heap: *const HeapHandle) -> HeapHandle {
     let g = global_address(heap as u64);
     // SAFETY: the caller's contract; the handle is 128 bytes, 16-byte aligned.
     let [(magic_kind, block_size), (capacity, data), (counters, shard_used), (shard_peak, words), (w64, w72), (w80, next)] =
         unsafe { ld_nc_handle(g) };
-    if magic_kind != tag {
-        return None;
-    }
-    Some(HeapHandle {
+    HeapHandle {
         magic: magic_kind as u32,
         kind: (magic_kind >> 32) as u32,
         block_size,
@@ -385,7 +402,7 @@ pub unsafe fn load_handle(heap: *const HeapHandle, tag: u64) -> Option<HeapHandl
         _pad: (w80 >> 32) as u32,
         next,
         reserved: [0; 4],
-    })
+    }
 }
 
 /// The fields of a general header that `carve_malloc` and `carve_free` read on every call.
