@@ -158,15 +158,9 @@ unsafe fn malloc_mixed<W: Warp>(
     let lane = warp.lane();
     let leader = group.trailing_zeros();
     let lanes = group.count_ones();
-    // A group's lanes read the same handle, all its fields at once.
+    // A group's lanes read the same handle.
     // SAFETY: forwarded contract; `class < nclasses`.
-    let home = (class < g.nclasses).then(|| unsafe { g.class_handle(class) });
-    // SAFETY: a class handle, which the host writes only between launches.
-    let copy = home.map(|h| unsafe { warp.copy_handle(h) });
-    // SAFETY: `copy` is `home`'s copy; `home` is a formatted slab segment.
-    let slab = home
-        .zip(copy.as_ref())
-        .map(|(h, c)| unsafe { Slab::with_copy(c, h) });
+    let slab = (class < g.nclasses).then(|| unsafe { Slab::new(g.class_handle(class)) });
     let (mut hint, mut shard) = (0, 0);
     if let Some(s) = slab {
         hint = slab::group_hint(seed, s.handle().capacity);
@@ -283,13 +277,7 @@ unsafe fn free_mixed<W: Warp>(
     let leader = group.trailing_zeros();
     let lanes = group.count_ones();
     // SAFETY: forwarded contract; `key < nclasses`.
-    let home = (key < g.nclasses).then(|| unsafe { g.class_handle(key) });
-    // SAFETY: a class handle, which the host writes only between launches.
-    let copy = home.map(|h| unsafe { warp.copy_handle(h) });
-    // SAFETY: `copy` is `home`'s copy; `home` is a formatted slab segment.
-    let slab = home
-        .zip(copy.as_ref())
-        .map(|(h, c)| unsafe { Slab::with_copy(c, h) });
+    let slab = (key < g.nclasses).then(|| unsafe { Slab::new(g.class_handle(key)) });
     let idx = slab.and_then(|s| s.index_of(ptr));
     let base = idx.map_or(u64::MAX, |i| i.wrapping_sub(rank_in(group, lane) as u64));
     // One 32-bit shuffle: bases at or past 2^32 blocks simply finish one group at a time.

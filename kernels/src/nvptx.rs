@@ -51,13 +51,6 @@ impl Warp for NvptxWarp {
     const TRACKS_ACTIVE: bool = true;
 
     #[inline(always)]
-    unsafe fn copy_handle(&self, h: &HeapHandle) -> HeapHandle {
-        // SAFETY: the trait's contract: a handle in global memory, 128-byte aligned, that the
-        // host writes only between launches.
-        unsafe { read_handle(h) }
-    }
-
-    #[inline(always)]
     fn active(&self) -> u32 {
         let m: u32;
         // SAFETY: reads which lanes execute this instruction; no memory effects.

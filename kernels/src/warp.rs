@@ -6,7 +6,6 @@
 //! [`SoloLane`] is a warp of one lane, so CPU threads and loom run exactly the code that a warp
 //! leader runs, with every collective degenerate.
 
-use crate::heap_layout::HeapHandle;
 use crate::sync::atomic::{AtomicU64, Ordering};
 
 /// Collective operations over the lanes named by a mask. Every lane in `mask` must make the same
@@ -44,19 +43,6 @@ pub trait Warp {
     #[inline(always)]
     fn fetch_and_release(&self, a: &AtomicU64, v: u64) -> u64 {
         a.fetch_and(v, Ordering::Release)
-    }
-
-    /// A copy of the handle `h`. On the GPU: one 16-byte read-only load per pair of fields, all
-    /// in flight together, where reading fields through `h` costs a generic load each, as each
-    /// is needed. The mixed-class paths read a class handle per group, so this is on their
-    /// critical path.
-    ///
-    /// # Safety
-    /// `h` lies in memory that nothing writes while the call's kernel runs: on the GPU, a
-    /// handle in global memory that the host writes only between launches.
-    #[inline(always)]
-    unsafe fn copy_handle(&self, h: &HeapHandle) -> HeapHandle {
-        *h
     }
 
     /// `v` as held by lane `src`, 64-bit.
@@ -163,11 +149,6 @@ impl<W: Warp> Warp for Among<'_, W> {
     #[inline(always)]
     fn fetch_and_release(&self, a: &AtomicU64, v: u64) -> u64 {
         self.warp.fetch_and_release(a, v)
-    }
-    #[inline(always)]
-    unsafe fn copy_handle(&self, h: &HeapHandle) -> HeapHandle {
-        // SAFETY: forwarded contract.
-        unsafe { self.warp.copy_handle(h) }
     }
 }
 
