@@ -763,6 +763,9 @@ pub fn warp_hint(warp: u32, cap: u64) -> u64 {
 /// (in the 4 KiB class of `carve bench device-alloc`'s 2^22 mixed row, some 6 warps per run of
 /// 32). Unrounded, warps are `cap / warps` blocks apart, about the blocks each takes; a run may
 /// cross a word, which the claim handles with a second `fetch_or`.
+///
+/// In `carve_malloc`'s one step for mixed classes, the hint only picks the shard: the group's
+/// run starts where that shard's count stands (`Slab::lead_retrying`).
 #[inline(always)]
 pub fn group_hint(warp: u32, cap: u64) -> u64 {
     spread(warp, cap)
