@@ -49,7 +49,6 @@ pub struct NvptxWarp;
 
 impl Warp for NvptxWarp {
     const TRACKS_ACTIVE: bool = true;
-
     #[inline(always)]
     fn active(&self) -> u32 {
         let m: u32;

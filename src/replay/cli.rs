@@ -44,7 +44,7 @@ pub struct ReplayArgs {
     pub simulate_capacity: Option<usize>,
     /// Replay the log this many times over the same resource, as the iterations of a training
     /// loop: the first pass grows the resource, later ones show its steady state. Peak
-    /// reserved covers every pass; `--plot` and `--snapshot` record the first.
+    /// reserved and `--snapshot` cover every pass; `--plot` samples the first.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub passes: u32,
     /// No progress bar.

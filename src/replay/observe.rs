@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::cli::Replayed;
 use super::plan::Plan;
-use super::run::{replay, replay_sampled};
+use super::run::{more_passes, replay_sampled};
 use super::target::{ResourceKind, Target};
 use super::timeline::{ReservedProbe, Sampler};
 use crate::adaptor::TrackingResourceAdaptor;
@@ -47,14 +47,8 @@ pub(crate) fn replay_one(
         });
         Sampler::new(plan.steps.len(), probe)
     });
-    let mut report = replay_sampled(plan, &target, progress, sampler.as_ref())?;
-    for _ in 1..passes {
-        report.absorb(replay(plan, &target, false)?);
-    }
-    if passes > 1 {
-        report.peak_reserved = target.peak_reserved.as_ref().map(|f| f());
-        report.resource_notes = target.notes.as_ref().map(|f| f());
-    }
+    let first = replay_sampled(plan, &target, progress, sampler.as_ref())?;
+    let report = more_passes(plan, &target, first, passes)?;
     let timeline = sampler.map(|s| {
         let mut t = s.finish(kind.to_string());
         // cuMemAlloc and host memory reserve exactly what they hand out; the driver pool's

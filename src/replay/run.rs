@@ -45,7 +45,17 @@ pub fn replay(plan: &Plan, target: &Target, progress: bool) -> Result<ReplayRepo
 /// the first pass's report ([`ReplayReport::absorb`]). Peak reserved and the resource's notes
 /// are read after the last pass.
 pub fn replay_passes(plan: &Plan, target: &Target, passes: u32) -> Result<ReplayReport> {
-    let mut report = replay(plan, target, false)?;
+    let first = replay(plan, target, false)?;
+    more_passes(plan, target, first, passes)
+}
+
+/// Folds `passes - 1` more passes of `plan` over `target` into `report`, its first pass's.
+pub(crate) fn more_passes(
+    plan: &Plan,
+    target: &Target,
+    mut report: ReplayReport,
+    passes: u32,
+) -> Result<ReplayReport> {
     for _ in 1..passes {
         report.absorb(replay(plan, target, false)?);
     }
