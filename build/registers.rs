@@ -8,8 +8,8 @@
 
 /// Kernels whose names start with one of these get the cap. The bench kernel of mixed sizes,
 /// `carve_bench_general_malloc`, does not: its fast step keeps each class group's state live
-/// across the leaders' atomics, and capped it spills (H100, 2^22 threads over 16 B–4 KiB:
-/// 12.9 G/s at 32 registers, 13.4 at 40, 14.7 uncapped at 64). One size per warp
+/// across the leaders' atomics, and capped it runs slower (H100, 2^22 threads over 16 B–4 KiB:
+/// 12.9 G/s at 32 registers, 13.4 at 40, 13.9 at 48, 14.5–14.7 uncapped at 64). One size per warp
 /// (`carve_bench_general_malloc_one`) gains instead: 71 to 87 G/s, and the general free 90 to
 /// 102.
 const CAPPED: [&str; 4] = [
