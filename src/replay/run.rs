@@ -42,8 +42,8 @@ pub fn replay(plan: &Plan, target: &Target, progress: bool) -> Result<ReplayRepo
 }
 
 /// [`replay`], then `passes - 1` more passes of the same log over the same resource, folded into
-/// the first pass's report ([`ReplayReport::absorb`]). Peak reserved and the resource's notes
-/// are read after the last pass.
+/// the first pass's report ([`ReplayReport::absorb`]); `passes` of 0 or 1 replay once. Peak
+/// reserved and the resource's notes are read after the last pass.
 pub fn replay_passes(plan: &Plan, target: &Target, passes: u32) -> Result<ReplayReport> {
     let first = replay(plan, target, false)?;
     more_passes(plan, target, first, passes)
