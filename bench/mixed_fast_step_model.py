@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """A host model of `carve bench device-alloc`'s mixed-size rows: how many class groups of a warp
-win their run in carve_malloc's fast step, with and without the leader's retry in the run's word.
+win their run in carve_malloc's fast step, with and without the leader's retry in the run's word,
+for runs that start at a hashed block (before fc05607) and for runs that start where the hint's
+shard's count stands (fc05607 on).
 
 Warps run one after another on a fresh heap (the GPU runs thousands at once, so real collisions
 are at least this frequent). Sizes, classes and hints follow kernels/src (general::bench_request_size,
@@ -80,3 +82,27 @@ for w in range(W):
                 p+=1
 print(f"groups served by the run {fast/groups*100:.1f} %, by a retry in its word {retry1/groups*100:.1f} %, "
       f"needing the next word too {retry2/groups*100:.1f} %, by neither {slow/groups*100:.2f} %")
+
+# Runs from the shard's count (fc05607): the hint picks the shard (heap_layout::slab_geometry's
+# shards of up to 64 words); the reservation's fetch_add gives the run's start. On a fresh heap a
+# run never meets another, so a group leaves the fast step only when its shard has too little
+# room for it (short, or full).
+def shard_log2(cap):
+    nwords=(cap+63)//64; log2=0
+    while log2<6 and (nwords>>(log2+1))>=16: log2+=1
+    while -(-nwords//(1<<log2))>4096: log2+=1
+    return log2
+groups=0; whole=0; short=0; none=0
+count={}
+for w in range(W):
+    g=Counter(cls[w*32:(w+1)*32]); r=rev(w)
+    for c,k in g.items():
+        groups+=1; C=cap[c]; lg=shard_log2(C); per=64<<lg
+        s=((r*C)>>32)//per
+        room=min(per,C-s*per)-count.get((c,s),0)
+        take=min(k,max(room,0)); count[(c,s)]=count.get((c,s),0)+take
+        if take==k: whole+=1
+        elif take>0: short+=1
+        else: none+=1
+print(f"from the shard's count: whole run {whole/groups*100:.1f} %, a short reservation "
+      f"{short/groups*100:.2f} %, a full shard {none/groups*100:.2f} % (both to the slow path)")
