@@ -178,7 +178,8 @@ impl<'a> Slab<'a> {
     #[inline(always)]
     fn reserve_seen(&self, s: u32, cap: u32, want: u32) -> (u32, u32) {
         // Acquire: pairs with the Release decrement in `free`, so a reserved block's bit is seen
-        // clear by the claim that follows.
+        // clear by the claim that follows. Relaxed, the slow path could wait on a bit it does not
+        // see cleared yet: the loom model `slab_alloc_races_free` finds that spin.
         let old = self.used(s).fetch_add(want, Ordering::Acquire);
         let take = if old >= cap { 0 } else { want.min(cap - old) };
         if take < want {
