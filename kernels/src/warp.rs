@@ -53,29 +53,6 @@ pub trait Warp {
         lo | (hi << 32)
     }
 
-    /// Bitwise OR of `v` over the lanes of `group`, known to the group's lowest lane, where the
-    /// groups of the calling lanes partition `mask` (each lane passes its own). Every
-    /// collective names all of `mask` (pointer jumping along each group's lanes: five rounds
-    /// of three shuffles), so the groups reduce at once rather than one after another, as
-    /// collectives with a mask per group would run.
-    #[inline(always)]
-    fn group_or(&self, mask: u32, group: u32, v: u64) -> u64 {
-        let lane = self.lane();
-        // The next lane of the group, or this one at the group's end (OR is idempotent).
-        let above = group & !((2u64 << lane) - 1) as u32;
-        let mut next = if above == 0 {
-            lane
-        } else {
-            above.trailing_zeros()
-        };
-        let mut acc = v;
-        for _ in 0..5 {
-            acc |= self.shfl64(mask, acc, next);
-            next = self.shfl(mask, next, next);
-        }
-        acc
-    }
-
     /// Bitwise OR of `v` over the lanes of `mask`, known to every lane of it: a tree over the
     /// lanes' ranks, five shuffle rounds whatever the mask.
     #[inline(always)]

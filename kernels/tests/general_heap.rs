@@ -109,6 +109,10 @@ impl HostGeneral {
         (0..self.plan.nclasses).map(|c| self.class_stats(c).0).sum()
     }
 
+    fn total_double_frees(&self) -> u64 {
+        (0..self.plan.nclasses).map(|c| self.class_stats(c).4).sum()
+    }
+
     /// Asserts `p` is a block start of the class serving `bytes`, inside its data range.
     fn assert_block_of(&self, p: *mut u8, bytes: u64) {
         let c = class_of(bytes as u32).unwrap() as usize;
@@ -309,11 +313,7 @@ fn mixed_sizes_across_a_warp_in_one_call() {
             assert!(s.iter().all(|&b| b == l as u8), "lane {l}: overwritten");
             live.push((p, bytes));
         }
-        live.sort_unstable();
-        assert!(
-            live.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0),
-            "blocks overlap"
-        );
+        assert!(disjoint(&mut live), "blocks overlap");
         assert_eq!(heap.total_in_use(), live.len() as u64);
         assert_eq!(
             heap.header_counter(COUNTER_FAILED_ALLOCS) - failed_before,
@@ -345,6 +345,12 @@ fn one_size_across_a_warp_takes_one_run() {
     assert_eq!(heap.class_stats(2).0, 32);
     lockstep::run(32, 0, |w| heap.free(w, got[w.lane() as usize] as *mut u8));
     assert_eq!(heap.class_stats(2), (0, 32, 0, 0, 0));
+}
+
+/// True when no two of `blocks` (address, bytes) overlap; sorts them.
+fn disjoint(blocks: &mut [(u64, u64)]) -> bool {
+    blocks.sort_unstable();
+    blocks.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0)
 }
 
 /// Set bits in class `c`'s bitmap (blocks in use as the bitmap sees them).
@@ -422,8 +428,7 @@ fn mixed_warps_take_consecutive_runs_and_free_them_whole() {
         .enumerate()
         .map(|(i, &p)| (p, SIZES[i % 32 % 3]))
         .collect();
-    all.sort_unstable();
-    assert!(all.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0), "overlap");
+    assert!(disjoint(&mut all), "overlap");
     for (round, got) in rounds.iter().enumerate() {
         for (l, &p) in got.iter().enumerate() {
             // SAFETY: written above by this lane in this round; nobody else holds it.
@@ -501,8 +506,7 @@ fn a_group_whose_run_is_lost_takes_the_clear_bits_of_its_word() {
     });
     assert_eq!(heap.total_in_use(), 0);
     assert_eq!(bitmap_ones(&heap, c), 0);
-    let doubles: u64 = (0..heap.plan.nclasses).map(|c| heap.class_stats(c).4).sum();
-    assert_eq!(doubles, 0);
+    assert_eq!(heap.total_double_frees(), 0);
 }
 
 /// One class of a mixed warp runs out while the others are served: it hands out exactly its
@@ -666,8 +670,7 @@ fn a_group_whose_word_fills_goes_on_out_of_line() {
             all.push((p, bytes));
         }
     }
-    all.sort_unstable();
-    assert!(all.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0), "overlap");
+    assert!(disjoint(&mut all), "overlap");
     for (call, ptrs) in got.iter().enumerate() {
         lockstep::run(32, call as u32, |w| {
             heap.free(w, ptrs[w.lane() as usize] as *mut u8)
@@ -675,8 +678,7 @@ fn a_group_whose_word_fills_goes_on_out_of_line() {
     }
     assert_eq!(heap.total_in_use(), 0);
     assert_eq!(bitmap_ones(&heap, c), 0);
-    let doubles: u64 = (0..heap.plan.nclasses).map(|c| heap.class_stats(c).4).sum();
-    assert_eq!(doubles, 0);
+    assert_eq!(heap.total_double_frees(), 0);
 }
 
 /// Mixed warps with frees in random order between calls, so that runs are lost, retried,
@@ -734,11 +736,7 @@ fn mixed_warps_among_random_frees_keep_every_block() {
             heap.free(w, p as *mut u8)
         });
         let mut sorted: Vec<(u64, u64)> = live.iter().map(|&(p, b, _)| (p, b)).collect();
-        sorted.sort_unstable();
-        assert!(
-            sorted.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0),
-            "call {call}: overlap"
-        );
+        assert!(disjoint(&mut sorted), "call {call}: overlap");
         for &b in &SIZES {
             let c = class_of(b as u32).unwrap() as usize;
             let n = live.iter().filter(|l| l.1 == b).count() as u64;
@@ -753,6 +751,5 @@ fn mixed_warps_among_random_frees_keep_every_block() {
         });
     }
     assert_eq!(heap.total_in_use(), 0);
-    let doubles: u64 = (0..heap.plan.nclasses).map(|c| heap.class_stats(c).4).sum();
-    assert_eq!(doubles, 0);
+    assert_eq!(heap.total_double_frees(), 0);
 }

@@ -61,30 +61,6 @@ fn ballot_and_match_group_the_lanes() {
     }
 }
 
-/// `group_or` over groups that partition the warp (several shapes, from one group of 32 to 32
-/// groups of one): each group's lowest lane holds the OR of exactly its lanes' values.
-#[test]
-fn group_or_reduces_each_group_to_its_lowest_lane() {
-    for (n, modulus) in [(32u32, 1u32), (32, 3), (32, 32), (17, 5), (1, 1)] {
-        let key = |l: u32| (l * 7 + l / 5) % modulus;
-        let got = lockstep::run(n, 0, |w| {
-            let all = w.active();
-            let group = w.match_any(all, key(w.lane()) as u64);
-            (group, w.group_or(all, group, 1 << (2 * w.lane() + 1)))
-        });
-        for (l, &(group, acc)) in got.iter().enumerate() {
-            let want = (0..n)
-                .filter(|&x| key(x) == key(l as u32))
-                .fold(0u64, |m, x| m | 1 << (2 * x + 1));
-            if group.trailing_zeros() == l as u32 {
-                assert_eq!(acc, want, "n {n}, modulus {modulus}, lane {l}");
-            }
-            // No lane gathers bits of another group.
-            assert_eq!(acc & !want, 0, "n {n}, modulus {modulus}, lane {l}");
-        }
-    }
-}
-
 /// `active()` inside a branch is the lanes that took it; a lane that finished leaves the mask;
 /// a subset runs collectives of its own while the rest wait at one over the whole warp.
 #[test]
