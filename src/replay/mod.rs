@@ -25,6 +25,7 @@ pub mod report;
 pub mod run;
 pub(crate) mod sequencer;
 pub mod target;
+mod timed;
 pub mod timeline;
 pub mod torch;
 

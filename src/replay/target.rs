@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use super::timed::TimedUpstream;
 use crate::adaptor::{StatisticsResourceAdaptor, TrackingResourceAdaptor};
 use crate::driver::{Device, Stream};
 use crate::error::{Error, Result};
@@ -311,6 +312,11 @@ fn simulated_streams(logged: &[u64]) -> Vec<StreamRef<'static>> {
         .collect()
 }
 
+/// A call's total time for the resource notes, e.g. `3.25 ms`.
+fn ms(d: std::time::Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
 /// `--maximum-size` bounds the physical memory, `--block-size` sets the chunk size.
 fn virtual_options(opts: &ResourceOptions) -> VirtualOptions {
     VirtualOptions {
@@ -342,8 +348,9 @@ fn expandable_resource<B: PhysicalBacking>(r: ExpandableMemoryResource<B>) -> Pr
             let c = s.calls;
             format!(
                 "chunks: small range ({} MiB) {} created, {} moved; large range ({} MiB) {} \
-                 created, {} moved; driver calls: {} create, {} map, {} set_access, {} unmap, \
-                 {} release; synchronisations: {} of the device, {} of a stream",
+                 created, {} moved; driver calls: {} create ({}), {} map ({}), {} set_access \
+                 ({}), {} unmap ({}), {} release ({}); synchronisations: {} of the device, {} \
+                 of a stream ({})",
                 s.small.chunk_size >> 20,
                 s.small.chunks_created,
                 s.small.chunks_moved,
@@ -351,12 +358,18 @@ fn expandable_resource<B: PhysicalBacking>(r: ExpandableMemoryResource<B>) -> Pr
                 s.large.chunks_created,
                 s.large.chunks_moved,
                 c.creates,
+                ms(c.time.create),
                 c.maps,
+                ms(c.time.map),
                 c.access_grants,
+                ms(c.time.access),
                 c.unmaps,
+                ms(c.time.unmap),
                 c.releases,
+                ms(c.time.release),
                 s.small.synchronizations + s.large.synchronizations,
-                s.small.stream_synchronizations + s.large.stream_synchronizations
+                s.small.stream_synchronizations + s.large.stream_synchronizations,
+                ms(s.small.synchronization_time + s.large.synchronization_time)
             )
         })),
         // Free pages of either range can be released and mapped again where needed.
@@ -381,7 +394,7 @@ fn virtual_resource<B: PhysicalBacking>(r: VirtualMemoryResource<B>) -> Probes {
             let s = notes.stats();
             format!(
                 "chunks of {} MiB: {} created, {} moved; driver calls: {} map, {} set_access, {} \
-                 unmap; synchronisations: {} of the device, {} of a stream",
+                 unmap; synchronisations: {} of the device, {} of a stream ({})",
                 s.chunk_size >> 20,
                 s.chunks_created,
                 s.chunks_moved,
@@ -389,7 +402,8 @@ fn virtual_resource<B: PhysicalBacking>(r: VirtualMemoryResource<B>) -> Probes {
                 s.access_grants,
                 s.unmaps,
                 s.synchronizations,
-                s.stream_synchronizations
+                s.stream_synchronizations,
+                ms(s.synchronization_time)
             )
         })),
     }
@@ -401,7 +415,8 @@ fn counted_suballocator<U: crate::resource::MemoryResource + 'static>(
     upstream: U,
 ) -> Result<Probes> {
     let counted = StatisticsResourceAdaptor::new(upstream);
-    let (up, tracker) = tracked(Arc::new(counted.clone()));
+    let timed = TimedUpstream::new(Arc::new(counted.clone()));
+    let (up, tracker) = tracked(Arc::new(timed.clone()));
     let mut p = suballocator(opts, up)?;
     p.upstream = Some(tracker);
     let traffic = counted.clone();
@@ -415,17 +430,22 @@ fn counted_suballocator<U: crate::resource::MemoryResource + 'static>(
         Box::new(move || {
             let (bytes, blocks) = (traffic.bytes_counter(), traffic.allocations_counter());
             let mut line = format!(
-                "upstream: {} allocation(s) of {:.2} GiB in all, {} freed so far",
+                "upstream: {} allocation(s) of {:.2} GiB in all, {} freed so far ({})",
                 blocks.total,
                 bytes.total as f64 / (1u64 << 30) as f64,
                 blocks.total - blocks.value,
+                ms(timed.time()),
             );
             if let Some(o) = &order {
                 let c = o.counts();
                 line += &format!(
                     "; ordering: {} mark(s), {} wait(s), {} device and {} stream \
-                     synchronisation(s)",
-                    c.marks, c.waits, c.device_synchronizations, c.stream_synchronizations
+                     synchronisation(s) ({})",
+                    c.marks,
+                    c.waits,
+                    c.device_synchronizations,
+                    c.stream_synchronizations,
+                    ms(c.time)
                 );
             }
             line

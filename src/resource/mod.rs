@@ -55,7 +55,7 @@ pub use virtual_memory::HostBacking;
 #[cfg(unix)]
 pub use virtual_memory::ImportedChunk;
 pub use virtual_memory::{
-    BackingCounters, ChunkLocation, CountingBacking, CudaBacking, CudaBackingOptions,
+    BackingCounters, CallTimes, ChunkLocation, CountingBacking, CudaBacking, CudaBackingOptions,
     ExpandableMemoryResource, ExpandableOptions, ExpandableStats, PhysicalBacking, PhysicalHandle,
     SimulatedBacking, VirtualMemoryResource, VirtualOptions, VirtualStats,
 };

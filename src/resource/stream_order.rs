@@ -146,6 +146,7 @@ pub struct CountingOrder {
     waits: AtomicU64,
     device_syncs: AtomicU64,
     stream_syncs: AtomicU64,
+    nanos: AtomicU64,
 }
 
 /// What a [`CountingOrder`] was asked for.
@@ -160,6 +161,8 @@ pub struct OrderCounts {
     pub device_synchronizations: u64,
     /// `synchronize`s of one stream.
     pub stream_synchronizations: u64,
+    /// Wall time in all of these calls.
+    pub time: std::time::Duration,
 }
 
 impl CountingOrder {
@@ -171,6 +174,7 @@ impl CountingOrder {
             waits: AtomicU64::new(0),
             device_syncs: AtomicU64::new(0),
             stream_syncs: AtomicU64::new(0),
+            nanos: AtomicU64::new(0),
         }
     }
 
@@ -181,28 +185,38 @@ impl CountingOrder {
             waits: self.waits.load(Ordering::Relaxed),
             device_synchronizations: self.device_syncs.load(Ordering::Relaxed),
             stream_synchronizations: self.stream_syncs.load(Ordering::Relaxed),
+            time: std::time::Duration::from_nanos(self.nanos.load(Ordering::Relaxed)),
         }
+    }
+
+    /// Runs `f`, adding its wall time to the total.
+    fn timed(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        let t = std::time::Instant::now();
+        let r = f();
+        self.nanos
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        r
     }
 }
 
 impl StreamOrder for CountingOrder {
     fn mark(&self, stream: StreamRef<'_>) -> Result<()> {
         self.marks.fetch_add(1, Ordering::Relaxed);
-        self.inner.mark(stream)
+        self.timed(|| self.inner.mark(stream))
     }
     fn wait_for_mark(&self, waiter: StreamRef<'_>, signaller: StreamId) -> Result<()> {
         if waiter.id() != signaller {
             self.waits.fetch_add(1, Ordering::Relaxed);
         }
-        self.inner.wait_for_mark(waiter, signaller)
+        self.timed(|| self.inner.wait_for_mark(waiter, signaller))
     }
     fn synchronize_all(&self) -> Result<()> {
         self.device_syncs.fetch_add(1, Ordering::Relaxed);
-        self.inner.synchronize_all()
+        self.timed(|| self.inner.synchronize_all())
     }
     fn synchronize(&self, stream: StreamRef<'_>) -> Result<()> {
         self.stream_syncs.fetch_add(1, Ordering::Relaxed);
-        self.inner.synchronize(stream)
+        self.timed(|| self.inner.synchronize(stream))
     }
 }
 
@@ -314,6 +328,38 @@ mod tests {
         }
     }
 
+    /// Host ordering whose device-wide synchronisation takes 2 ms.
+    #[derive(Debug)]
+    struct SlowSync;
+
+    impl StreamOrder for SlowSync {
+        fn mark(&self, _: StreamRef<'_>) -> Result<()> {
+            Ok(())
+        }
+        fn wait_for_mark(&self, _: StreamRef<'_>, _: StreamId) -> Result<()> {
+            Ok(())
+        }
+        fn synchronize_all(&self) -> Result<()> {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            Ok(())
+        }
+        fn synchronize(&self, _: StreamRef<'_>) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn counting_order_adds_up_the_time_of_the_calls_it_passes_on() {
+        let order = CountingOrder::new(Arc::new(SlowSync));
+        order.mark(StreamRef::simulated(1)).unwrap();
+        assert!(order.counts().time < std::time::Duration::from_millis(2));
+        order.synchronize_all().unwrap();
+        order.synchronize_all().unwrap();
+        let c = order.counts();
+        assert_eq!((c.marks, c.device_synchronizations), (1, 2));
+        assert!(c.time >= std::time::Duration::from_millis(4), "{c:?}");
+    }
+
     #[test]
     fn ordering_follows_the_upstreams_device_never_the_current_one() {
         // Host memory: no device, no ordering.
@@ -393,6 +439,8 @@ mod tests {
                 waits: count(|e| matches!(e, OrderEvent::Wait { .. })),
                 device_synchronizations: count(|e| matches!(e, OrderEvent::SyncAll)),
                 stream_synchronizations: count(|e| matches!(e, OrderEvent::Sync(_))),
+                // Times vary; they are checked against a slow order elsewhere.
+                time: counts.time,
             }
         );
         assert!(

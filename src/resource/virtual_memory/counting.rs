@@ -2,9 +2,10 @@
 //! and counts the driver calls made through it.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
 use super::backing::{PhysicalBacking, PhysicalHandle};
-use super::simulated::BackingCounters;
+use super::simulated::{BackingCounters, CallTimes};
 use crate::error::{Error, Result};
 use crate::resource::{Properties, StreamOrder};
 use crate::stream::{StreamId, StreamRef};
@@ -20,6 +21,8 @@ pub struct CountingBacking<B> {
     peak: AtomicUsize,
     /// Successful creates, releases, maps, unmaps and access grants.
     calls: [AtomicU64; 5],
+    /// Nanoseconds in each kind of call, successful or not.
+    nanos: [AtomicU64; 5],
 }
 
 const CREATE: usize = 0;
@@ -37,6 +40,7 @@ impl<B: PhysicalBacking> CountingBacking<B> {
             physical: 0.into(),
             peak: 0.into(),
             calls: Default::default(),
+            nanos: Default::default(),
         }
     }
     /// Calls that succeeded so far, and physical bytes in chunks.
@@ -50,10 +54,27 @@ impl<B: PhysicalBacking> CountingBacking<B> {
             access_grants: n(ACCESS),
             physical: self.physical(),
             peak_physical: self.peak_physical(),
+            time: CallTimes {
+                create: self.time(CREATE),
+                release: self.time(RELEASE),
+                map: self.time(MAP),
+                unmap: self.time(UNMAP),
+                access: self.time(ACCESS),
+            },
         }
     }
     fn count(&self, call: usize) {
         self.calls[call].fetch_add(1, Relaxed);
+    }
+    fn time(&self, call: usize) -> Duration {
+        Duration::from_nanos(self.nanos[call].load(Relaxed))
+    }
+    /// Runs `f`, adding its wall time to `call`'s.
+    fn timed<T>(&self, call: usize, f: impl FnOnce() -> T) -> T {
+        let t = Instant::now();
+        let r = f();
+        self.nanos[call].fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+        r
     }
     /// The backing counted.
     pub fn inner(&self) -> &B {
@@ -100,7 +121,7 @@ unsafe impl<B: PhysicalBacking> PhysicalBacking for CountingBacking<B> {
                 ),
             })
         } else {
-            self.inner.create(size)
+            self.timed(CREATE, || self.inner.create(size))
         };
         match created {
             Ok(h) => {
@@ -116,26 +137,26 @@ unsafe impl<B: PhysicalBacking> PhysicalBacking for CountingBacking<B> {
     }
     unsafe fn release(&self, handle: PhysicalHandle, size: usize) -> Result<()> {
         // SAFETY: forwarded caller contract.
-        unsafe { self.inner.release(handle, size)? };
+        self.timed(RELEASE, || unsafe { self.inner.release(handle, size) })?;
         self.physical.fetch_sub(size, Relaxed);
         self.count(RELEASE);
         Ok(())
     }
     unsafe fn map(&self, va: usize, size: usize, handle: PhysicalHandle) -> Result<()> {
         // SAFETY: forwarded caller contract.
-        unsafe { self.inner.map(va, size, handle)? };
+        self.timed(MAP, || unsafe { self.inner.map(va, size, handle) })?;
         self.count(MAP);
         Ok(())
     }
     unsafe fn set_access(&self, va: usize, size: usize) -> Result<()> {
         // SAFETY: forwarded caller contract.
-        unsafe { self.inner.set_access(va, size)? };
+        self.timed(ACCESS, || unsafe { self.inner.set_access(va, size) })?;
         self.count(ACCESS);
         Ok(())
     }
     unsafe fn unmap(&self, va: usize, size: usize) -> Result<()> {
         // SAFETY: forwarded caller contract.
-        unsafe { self.inner.unmap(va, size)? };
+        self.timed(UNMAP, || unsafe { self.inner.unmap(va, size) })?;
         self.count(UNMAP);
         Ok(())
     }
@@ -151,6 +172,8 @@ pub(crate) struct SyncCounter {
     inner: std::sync::Arc<dyn StreamOrder>,
     syncs: AtomicU64,
     stream_syncs: AtomicU64,
+    /// Nanoseconds in either kind of synchronisation.
+    nanos: AtomicU64,
 }
 
 impl SyncCounter {
@@ -159,6 +182,7 @@ impl SyncCounter {
             inner,
             syncs: 0.into(),
             stream_syncs: 0.into(),
+            nanos: 0.into(),
         }
     }
     /// Successful [`StreamOrder::synchronize_all`] calls so far.
@@ -168,6 +192,16 @@ impl SyncCounter {
     /// Successful [`StreamOrder::synchronize`] calls so far.
     pub fn stream_syncs(&self) -> u64 {
         self.stream_syncs.load(Relaxed)
+    }
+    /// Time spent in synchronisations of either kind.
+    pub fn sync_time(&self) -> Duration {
+        Duration::from_nanos(self.nanos.load(Relaxed))
+    }
+    fn timed(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        let t = Instant::now();
+        let r = f();
+        self.nanos.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+        r
     }
 }
 
@@ -179,13 +213,86 @@ impl StreamOrder for SyncCounter {
         self.inner.wait_for_mark(waiter, signaller)
     }
     fn synchronize_all(&self) -> Result<()> {
-        self.inner.synchronize_all()?;
+        self.timed(|| self.inner.synchronize_all())?;
         self.syncs.fetch_add(1, Relaxed);
         Ok(())
     }
     fn synchronize(&self, stream: StreamRef<'_>) -> Result<()> {
-        self.inner.synchronize(stream)?;
+        self.timed(|| self.inner.synchronize(stream))?;
         self.stream_syncs.fetch_add(1, Relaxed);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::SimulatedBacking;
+    use super::*;
+
+    /// Simulated memory whose access grants take 2 ms each, as a slow driver's would.
+    #[derive(Debug)]
+    struct SlowAccess(SimulatedBacking);
+
+    // SAFETY: delegates to the simulated backing.
+    unsafe impl PhysicalBacking for SlowAccess {
+        fn granularity(&self) -> usize {
+            self.0.granularity()
+        }
+        fn properties(&self) -> Properties {
+            self.0.properties()
+        }
+        fn reserve(&self, size: usize, align: usize) -> Result<usize> {
+            self.0.reserve(size, align)
+        }
+        unsafe fn free_reservation(&self, va: usize, size: usize) -> Result<()> {
+            // SAFETY: forwarded caller contract.
+            unsafe { self.0.free_reservation(va, size) }
+        }
+        fn create(&self, size: usize) -> Result<PhysicalHandle> {
+            self.0.create(size)
+        }
+        unsafe fn release(&self, handle: PhysicalHandle, size: usize) -> Result<()> {
+            // SAFETY: forwarded caller contract.
+            unsafe { self.0.release(handle, size) }
+        }
+        unsafe fn map(&self, va: usize, size: usize, handle: PhysicalHandle) -> Result<()> {
+            // SAFETY: forwarded caller contract.
+            unsafe { self.0.map(va, size, handle) }
+        }
+        unsafe fn set_access(&self, va: usize, size: usize) -> Result<()> {
+            std::thread::sleep(Duration::from_millis(2));
+            // SAFETY: forwarded caller contract.
+            unsafe { self.0.set_access(va, size) }
+        }
+        unsafe fn unmap(&self, va: usize, size: usize) -> Result<()> {
+            // SAFETY: forwarded caller contract.
+            unsafe { self.0.unmap(va, size) }
+        }
+    }
+
+    #[test]
+    fn each_kind_of_call_is_counted_and_timed_on_its_own() {
+        let g = 2 << 20;
+        let b = CountingBacking::new(SlowAccess(SimulatedBacking::new(16 * g, g).unwrap()), 4 * g);
+        let va = b.reserve(4 * g, g).unwrap();
+        let h = b.create(2 * g).unwrap();
+        // Over the limit: refused before the driver is asked, so neither counted nor held.
+        assert!(b.create(3 * g).unwrap_err().is_out_of_memory());
+        // SAFETY: `va` is reserved and unmapped, `h` a live chunk of 2 granules, mapped nowhere;
+        // both are taken down again in order.
+        unsafe {
+            b.map(va, 2 * g, h).unwrap();
+            b.set_access(va, 2 * g).unwrap();
+            b.set_access(va, 2 * g).unwrap();
+            b.unmap(va, 2 * g).unwrap();
+            b.release(h, 2 * g).unwrap();
+            b.free_reservation(va, 4 * g).unwrap();
+        }
+        let c = b.counters();
+        let calls = (c.creates, c.maps, c.access_grants, c.unmaps, c.releases);
+        assert_eq!(calls, (1, 1, 2, 1, 1));
+        assert_eq!((c.physical, c.peak_physical), (0, 2 * g));
+        assert!(c.time.access >= Duration::from_millis(4), "{:?}", c.time);
+        assert!(c.time.total() >= c.time.access);
     }
 }

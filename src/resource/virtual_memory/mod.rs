@@ -49,7 +49,7 @@ pub use expandable::{ExpandableMemoryResource, ExpandableOptions, ExpandableStat
 pub use host_backing::HostBacking;
 #[cfg(unix)]
 pub use imported::ImportedChunk;
-pub use simulated::{BackingCounters, SimulatedBacking};
+pub use simulated::{BackingCounters, CallTimes, SimulatedBacking};
 
 use std::fmt;
 use std::ptr::NonNull;
@@ -174,6 +174,8 @@ pub struct VirtualStats {
     /// Synchronisations of the allocating stream alone, before moves when no other stream held
     /// free blocks.
     pub stream_synchronizations: u64,
+    /// Wall time in synchronisations of either kind.
+    pub synchronization_time: std::time::Duration,
 }
 
 /// One reserved virtual range that grows in place, mapping physical chunks on demand. Cheap to
@@ -358,6 +360,7 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
             access_grants: c.access_grants,
             synchronizations: self.inner.order.syncs(),
             stream_synchronizations: self.inner.order.stream_syncs(),
+            synchronization_time: self.inner.order.sync_time(),
         }
     }
 

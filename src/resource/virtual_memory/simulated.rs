@@ -57,6 +57,31 @@ pub struct BackingCounters {
     pub physical: usize,
     /// The most physical bytes held at once.
     pub peak_physical: usize,
+    /// Time spent in those calls (filled in by [`super::CountingBacking`]; zero here).
+    pub time: CallTimes,
+}
+
+/// Wall time spent in a backing's calls, by kind, successful or not: on a GPU, what growing and
+/// moving pages cost beyond the resource's own bookkeeping.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallTimes {
+    /// In `create`.
+    pub create: std::time::Duration,
+    /// In `release`.
+    pub release: std::time::Duration,
+    /// In `map`.
+    pub map: std::time::Duration,
+    /// In `unmap`.
+    pub unmap: std::time::Duration,
+    /// In `set_access`.
+    pub access: std::time::Duration,
+}
+
+impl CallTimes {
+    /// All calls together.
+    pub fn total(&self) -> std::time::Duration {
+        self.create + self.release + self.map + self.unmap + self.access
+    }
 }
 
 impl SimulatedBacking {

@@ -1,0 +1,66 @@
+//! [`TimedUpstream`]: the wall time a suballocator spends in its upstream's calls, so a replay
+//! can say how much of its time went to the driver.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::driver::Device;
+use crate::error::Result;
+use crate::resource::{MemoryResource, Properties, SharedResource};
+use crate::stream::StreamRef;
+
+/// Passes every call on to the upstream, adding its wall time to a shared total.
+#[derive(Debug, Clone)]
+pub(crate) struct TimedUpstream {
+    inner: SharedResource,
+    nanos: Arc<AtomicU64>,
+}
+
+impl TimedUpstream {
+    pub fn new(inner: SharedResource) -> Self {
+        TimedUpstream {
+            inner,
+            nanos: Arc::default(),
+        }
+    }
+
+    /// Time spent in the upstream's allocate and deallocate so far.
+    pub fn time(&self) -> Duration {
+        Duration::from_nanos(self.nanos.load(Relaxed))
+    }
+
+    fn timed<T>(&self, f: impl FnOnce() -> T) -> T {
+        let t = Instant::now();
+        let r = f();
+        self.nanos.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+        r
+    }
+}
+
+// SAFETY: pure delegation to a resource that upholds the contract.
+unsafe impl MemoryResource for TimedUpstream {
+    fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+        self.timed(|| self.inner.allocate(stream, bytes, align))
+    }
+
+    unsafe fn deallocate(
+        &self,
+        stream: StreamRef<'_>,
+        ptr: NonNull<u8>,
+        bytes: usize,
+        align: usize,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract, passed on unchanged.
+        self.timed(|| unsafe { self.inner.deallocate(stream, ptr, bytes, align) })
+    }
+
+    fn properties(&self) -> Properties {
+        self.inner.properties()
+    }
+
+    fn device(&self) -> Option<Device> {
+        self.inner.device()
+    }
+}
