@@ -140,6 +140,9 @@ pub(crate) struct PoolCore {
     demand: u64,
     pool_size: usize,
     in_use: usize,
+    /// The candidates of a placed search ([`PoolCore::take_placed`]), kept to save an
+    /// allocation per search.
+    candidates: Vec<u32>,
 }
 
 impl Default for PoolCore {
@@ -155,6 +158,7 @@ impl Default for PoolCore {
             demand: 0,
             pool_size: 0,
             in_use: 0,
+            candidates: Vec::new(),
         }
     }
 }

@@ -162,7 +162,11 @@ impl Tlsf {
     ) {
         let (f0, s0) = class_of(units);
         let mut taken = 0;
-        for f in f0..FL {
+        // Only the first-level classes that hold blocks.
+        let mut fl = self.fl_map & (!0u64).checked_shl(f0 as u32).unwrap_or(0);
+        while fl != 0 {
+            let f = fl.trailing_zeros() as usize;
+            fl &= fl - 1;
             let mut map = self.sl_map[f];
             if f == f0 {
                 map &= (!0u32).checked_shl(s0 as u32).unwrap_or(0);

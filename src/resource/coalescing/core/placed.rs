@@ -50,12 +50,13 @@ impl PoolCore {
             return Some(self.carve_at(node, start, size, bytes));
         }
         let mut best = (cost, n.size, node, start);
-        let mut candidates = Vec::new();
+        let mut candidates = std::mem::take(&mut self.candidates);
+        candidates.clear();
         for &b in &bins {
             let left = SEARCH_LIMIT.saturating_sub(candidates.len());
             self.bins[b as usize].fitting(&mut self.nodes, search / GRAIN, left, &mut candidates);
         }
-        for c in candidates {
+        for &c in &candidates {
             let n = self.nodes[c as usize];
             if best.0 == 0 && n.size >= best.1 {
                 continue; // Only a smaller free spot could win.
@@ -65,6 +66,7 @@ impl PoolCore {
                 best = (cost, n.size, c, at);
             }
         }
+        self.candidates = candidates;
         Some(self.carve_at(best.2, best.3, size, bytes))
     }
 
