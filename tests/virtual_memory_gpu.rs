@@ -57,6 +57,62 @@ fn free(mr: &dyn MemoryResource, s: &Stream, p: usize, bytes: usize) {
     unsafe { mr.deallocate(s.as_ref(), NonNull::new(p as *mut u8).unwrap(), bytes, 256) }.unwrap();
 }
 
+/// An expandable pool of at most `maximum` bytes whose large range is filled with one block per
+/// page (block `i` holding `pattern + i`), every other block then freed on `s`: half its pages
+/// free and apart, so a request for `holes` bytes must move them.
+struct Checkerboard {
+    r: ExpandableMemoryResource,
+    page: usize,
+    blocks: Vec<usize>,
+    holes: usize,
+}
+
+impl Checkerboard {
+    fn new(dev: &Device, s: &Stream, maximum: usize) -> Self {
+        let r = ExpandableMemoryResource::on_device(
+            dev,
+            CudaBackingOptions::default(),
+            ExpandableOptions {
+                maximum: Some(maximum),
+                ..ExpandableOptions::default()
+            },
+        )
+        .unwrap();
+        let page = r.stats().large.chunk_size;
+        let count = maximum / page;
+        let blocks: Vec<usize> = (0..count)
+            .map(|i| {
+                let p = r.allocate(s.as_ref(), page, 256).unwrap().as_ptr() as usize;
+                fill(dev, s, p, page / 4, i as u32);
+                p
+            })
+            .collect();
+        for &p in blocks.iter().step_by(2) {
+            free(&r, s, p, page);
+        }
+        let holes = count / 2 * page;
+        Checkerboard {
+            r,
+            page,
+            blocks,
+            holes,
+        }
+    }
+
+    /// Checks `big` (the moved pages, filled with `delta`) and the live blocks, then frees them.
+    fn check_and_free(&self, s: &Stream, big: usize, delta: u32) {
+        check(s, big, self.holes / 4, delta, "moved pages");
+        for (i, &p) in self.blocks.iter().enumerate().skip(1).step_by(2) {
+            check(s, p, self.page / 4, i as u32, "live block");
+        }
+        self.r.check_invariants().unwrap();
+        free(&self.r, s, big, self.holes);
+        for &p in self.blocks.iter().skip(1).step_by(2) {
+            free(&self.r, s, p, self.page);
+        }
+    }
+}
+
 #[test]
 fn virtual_resource_maps_grows_in_place_and_trims() {
     let _serial = serial();
@@ -143,32 +199,15 @@ fn expandable_pool_moves_free_pages_and_keeps_live_data() {
     let _serial = serial();
     let dev = require_gpu!();
     let s = dev.new_stream().unwrap();
-    let r = ExpandableMemoryResource::on_device(
-        &dev,
-        CudaBackingOptions::default(),
-        ExpandableOptions {
-            maximum: Some(512 * MIB),
-            ..ExpandableOptions::default()
-        },
-    )
-    .unwrap();
-    let page = r.stats().large.chunk_size;
-    let count = 512 * MIB / page;
-    let blocks: Vec<usize> = (0..count)
-        .map(|i| {
-            let p = r.allocate(s.as_ref(), page, 256).unwrap().as_ptr() as usize;
-            fill(&dev, &s, p, page / 4, i as u32);
-            p
-        })
-        .collect();
-    for &p in blocks.iter().step_by(2) {
-        free(&r, &s, p, page);
-    }
-    let big_bytes = count / 2 * page;
-    let big = r.allocate(s.as_ref(), big_bytes, 256).unwrap().as_ptr() as usize;
-    fill(&dev, &s, big, big_bytes / 4, 99);
+    let board = Checkerboard::new(&dev, &s, 512 * MIB);
+    let r = &board.r;
+    let big = r.allocate(s.as_ref(), board.holes, 256).unwrap().as_ptr() as usize;
+    fill(&dev, &s, big, board.holes / 4, 99);
     let st = r.stats();
-    assert!(st.large.chunks_moved >= (count / 2) as u64, "{st:?}");
+    assert!(
+        st.large.chunks_moved >= (board.blocks.len() / 2) as u64,
+        "{st:?}"
+    );
     assert!(st.peak_physical <= 512 * MIB, "{st:?}");
     // The driver calls the replay report prints, counted by the backing and by each range.
     let (sm, lg) = (st.small, st.large);
@@ -189,15 +228,7 @@ fn expandable_pool_moves_free_pages_and_keeps_live_data() {
         lg.stream_synchronizations >= 1 && lg.synchronizations == 0,
         "a move waits for the freeing stream: {st:?}"
     );
-    check(&s, big, big_bytes / 4, 99, "moved pages");
-    for (i, &p) in blocks.iter().enumerate().skip(1).step_by(2) {
-        check(&s, p, page / 4, i as u32, "live block");
-    }
-    r.check_invariants().unwrap();
-    free(&r, &s, big, big_bytes);
-    for &p in blocks.iter().skip(1).step_by(2) {
-        free(&r, &s, p, page);
-    }
+    board.check_and_free(&s, big, 99);
     r.trim().unwrap();
     assert_eq!(r.stats().physical, 0);
 }
@@ -237,10 +268,6 @@ fn exported_chunks_are_file_descriptors() {
     unsafe { plain.deallocate_sync(q, MIB, 256) }.unwrap();
 }
 
-/// Kernels that allocate, captured once and launched 100 times: the results are right every
-/// time, the captured addresses never change hands, and memory allocated between launches
-/// (outside capture) never overlaps them. A plain cuMemAlloc resource refuses the captured
-/// stream with a typed error, and the capture survives it.
 /// A move of free pages while another thread captures a graph (global mode) on another stream:
 /// the move waits for the stream that freed the pages, not the device, and its driver calls run
 /// in relaxed capture mode, so the capture ends with a graph that runs.
@@ -255,28 +282,8 @@ fn a_page_move_leaves_another_threads_capture_alone() {
     // Loads the test module outside the capture.
     fill(&dev, &s1, buf, n, 0);
     s1.synchronize().unwrap();
-    let r = ExpandableMemoryResource::on_device(
-        &dev,
-        CudaBackingOptions::default(),
-        ExpandableOptions {
-            maximum: Some(256 * MIB),
-            ..ExpandableOptions::default()
-        },
-    )
-    .unwrap();
-    let page = r.stats().large.chunk_size;
-    let count = 256 * MIB / page;
-    let blocks: Vec<usize> = (0..count)
-        .map(|i| {
-            let p = r.allocate(s2.as_ref(), page, 256).unwrap().as_ptr() as usize;
-            fill(&dev, &s2, p, page / 4, i as u32);
-            p
-        })
-        .collect();
-    for &p in blocks.iter().step_by(2) {
-        free(&r, &s2, p, page);
-    }
-    let big_bytes = count / 2 * page;
+    let board = Checkerboard::new(&dev, &s2, 256 * MIB);
+    let (r, big_bytes) = (&board.r, board.holes);
     let (started_tx, started_rx) = std::sync::mpsc::channel();
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
     let big = std::thread::scope(|scope| {
@@ -305,22 +312,18 @@ fn a_page_move_leaves_another_threads_capture_alone() {
     });
     let big = big.unwrap().as_ptr() as usize;
     let lg = r.stats().large;
-    assert!(lg.chunks_moved >= (count / 2) as u64, "{lg:?}");
+    assert!(lg.chunks_moved >= (board.blocks.len() / 2) as u64, "{lg:?}");
     assert_eq!(lg.synchronizations, 0, "{lg:?}");
     assert!(lg.stream_synchronizations >= 1, "{lg:?}");
     fill(&dev, &s2, big, big_bytes / 4, 77);
-    check(&s2, big, big_bytes / 4, 77, "moved pages");
-    for (i, &p) in blocks.iter().enumerate().skip(1).step_by(2) {
-        check(&s2, p, page / 4, i as u32, "live block");
-    }
-    r.check_invariants().unwrap();
-    free(&r, &s2, big, big_bytes);
-    for &p in blocks.iter().skip(1).step_by(2) {
-        free(&r, &s2, p, page);
-    }
+    board.check_and_free(&s2, big, 77);
     free(&cuda, &s1, buf, n * 4);
 }
 
+/// Kernels that allocate, captured once and launched 100 times: the results are right every
+/// time, the captured addresses never change hands, and memory allocated between launches
+/// (outside capture) never overlaps them. A plain cuMemAlloc resource refuses the captured
+/// stream with a typed error, and the capture survives it.
 #[test]
 fn graph_captured_allocations_keep_their_addresses_across_launches() {
     let _serial = serial();

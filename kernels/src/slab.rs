@@ -404,33 +404,15 @@ impl<'a> Slab<'a> {
     /// lane is served or no shard has room. Returns this lane's block index, or [`NONE`].
     #[cold]
     #[inline(never)]
-    fn alloc_slow<W: Warp>(
-        &self,
-        warp: &W,
-        Lead {
-            shard,
-            hint,
-            take,
-            won,
-            extra,
-        }: Lead,
-        count: Option<bool>,
-    ) -> u64 {
+    fn alloc_slow<W: Warp>(&self, warp: &W, lead: Lead, count: Option<bool>) -> u64 {
         let count_failures = count.unwrap_or(self.h.next == 0);
         let active = warp.active();
         let lane = warp.lane();
         let leader = active.trailing_zeros();
-        let take = warp.shfl(active, take, leader);
-        let mut mine = Lead {
-            shard,
-            hint,
-            take,
-            won,
-            extra,
-        }
-        .block(rank_in(active, lane))
-        .unwrap_or(NONE);
+        let take = warp.shfl(active, lead.take, leader);
+        let mut mine = lead.block(rank_in(active, lane)).unwrap_or(NONE);
         let mine = &mut mine;
+        let Lead { shard, hint, .. } = lead;
         let got = warp.ballot(active, *mine != NONE);
         let pending = active & !got;
         let need = pending.count_ones();
