@@ -2,47 +2,40 @@
 //! can say how much of its time went to the driver.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::driver::Device;
 use crate::error::Result;
-use crate::resource::{MemoryResource, Properties, SharedResource};
+use crate::resource::{CallClock, MemoryResource, Properties, SharedResource};
 use crate::stream::StreamRef;
 
 /// Passes every call on to the upstream, adding its wall time to a shared total.
 #[derive(Debug, Clone)]
 pub(crate) struct TimedUpstream {
     inner: SharedResource,
-    nanos: Arc<AtomicU64>,
+    clock: Arc<CallClock>,
 }
 
 impl TimedUpstream {
     pub fn new(inner: SharedResource) -> Self {
         TimedUpstream {
             inner,
-            nanos: Arc::default(),
+            clock: Arc::default(),
         }
     }
 
     /// Time spent in the upstream's allocate and deallocate so far.
     pub fn time(&self) -> Duration {
-        Duration::from_nanos(self.nanos.load(Relaxed))
-    }
-
-    fn timed<T>(&self, f: impl FnOnce() -> T) -> T {
-        let t = Instant::now();
-        let r = f();
-        self.nanos.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
-        r
+        self.clock.total()
     }
 }
 
 // SAFETY: pure delegation to a resource that upholds the contract.
 unsafe impl MemoryResource for TimedUpstream {
     fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
-        self.timed(|| self.inner.allocate(stream, bytes, align))
+        self.clock
+            .time(|| self.inner.allocate(stream, bytes, align))
     }
 
     unsafe fn deallocate(
@@ -53,7 +46,8 @@ unsafe impl MemoryResource for TimedUpstream {
         align: usize,
     ) -> Result<()> {
         // SAFETY: the caller's contract, passed on unchanged.
-        self.timed(|| unsafe { self.inner.deallocate(stream, ptr, bytes, align) })
+        self.clock
+            .time(|| unsafe { self.inner.deallocate(stream, ptr, bytes, align) })
     }
 
     fn properties(&self) -> Properties {

@@ -7,6 +7,8 @@
 mod arena;
 mod async_pool;
 mod binning;
+mod call_clock;
+pub(crate) use call_clock::CallClock;
 mod coalescing;
 mod cuda;
 mod fixed_size;

@@ -146,7 +146,7 @@ pub struct CountingOrder {
     waits: AtomicU64,
     device_syncs: AtomicU64,
     stream_syncs: AtomicU64,
-    nanos: AtomicU64,
+    clock: super::CallClock,
 }
 
 /// What a [`CountingOrder`] was asked for.
@@ -174,7 +174,7 @@ impl CountingOrder {
             waits: AtomicU64::new(0),
             device_syncs: AtomicU64::new(0),
             stream_syncs: AtomicU64::new(0),
-            nanos: AtomicU64::new(0),
+            clock: super::CallClock::default(),
         }
     }
 
@@ -185,38 +185,30 @@ impl CountingOrder {
             waits: self.waits.load(Ordering::Relaxed),
             device_synchronizations: self.device_syncs.load(Ordering::Relaxed),
             stream_synchronizations: self.stream_syncs.load(Ordering::Relaxed),
-            time: std::time::Duration::from_nanos(self.nanos.load(Ordering::Relaxed)),
+            time: self.clock.total(),
         }
-    }
-
-    /// Runs `f`, adding its wall time to the total.
-    fn timed(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
-        let t = std::time::Instant::now();
-        let r = f();
-        self.nanos
-            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        r
     }
 }
 
 impl StreamOrder for CountingOrder {
     fn mark(&self, stream: StreamRef<'_>) -> Result<()> {
         self.marks.fetch_add(1, Ordering::Relaxed);
-        self.timed(|| self.inner.mark(stream))
+        self.clock.time(|| self.inner.mark(stream))
     }
     fn wait_for_mark(&self, waiter: StreamRef<'_>, signaller: StreamId) -> Result<()> {
         if waiter.id() != signaller {
             self.waits.fetch_add(1, Ordering::Relaxed);
         }
-        self.timed(|| self.inner.wait_for_mark(waiter, signaller))
+        self.clock
+            .time(|| self.inner.wait_for_mark(waiter, signaller))
     }
     fn synchronize_all(&self) -> Result<()> {
         self.device_syncs.fetch_add(1, Ordering::Relaxed);
-        self.timed(|| self.inner.synchronize_all())
+        self.clock.time(|| self.inner.synchronize_all())
     }
     fn synchronize(&self, stream: StreamRef<'_>) -> Result<()> {
         self.stream_syncs.fetch_add(1, Ordering::Relaxed);
-        self.timed(|| self.inner.synchronize(stream))
+        self.clock.time(|| self.inner.synchronize(stream))
     }
 }
 

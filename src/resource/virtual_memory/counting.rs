@@ -2,12 +2,12 @@
 //! and counts the driver calls made through it.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::backing::{PhysicalBacking, PhysicalHandle};
 use super::simulated::{BackingCounters, CallTimes};
 use crate::error::{Error, Result};
-use crate::resource::{Properties, StreamOrder};
+use crate::resource::{CallClock, Properties, StreamOrder};
 use crate::stream::{StreamId, StreamRef};
 
 /// A backing that counts the physical bytes in chunks (created and not released) and their
@@ -21,8 +21,8 @@ pub struct CountingBacking<B> {
     peak: AtomicUsize,
     /// Successful creates, releases, maps, unmaps and access grants.
     calls: [AtomicU64; 5],
-    /// Nanoseconds in each kind of call, successful or not.
-    nanos: [AtomicU64; 5],
+    /// Time in each kind of call, successful or not.
+    clocks: [CallClock; 5],
 }
 
 const CREATE: usize = 0;
@@ -40,7 +40,7 @@ impl<B: PhysicalBacking> CountingBacking<B> {
             physical: 0.into(),
             peak: 0.into(),
             calls: Default::default(),
-            nanos: Default::default(),
+            clocks: Default::default(),
         }
     }
     /// Calls that succeeded so far, and physical bytes in chunks.
@@ -67,14 +67,11 @@ impl<B: PhysicalBacking> CountingBacking<B> {
         self.calls[call].fetch_add(1, Relaxed);
     }
     fn time(&self, call: usize) -> Duration {
-        Duration::from_nanos(self.nanos[call].load(Relaxed))
+        self.clocks[call].total()
     }
     /// Runs `f`, adding its wall time to `call`'s.
     fn timed<T>(&self, call: usize, f: impl FnOnce() -> T) -> T {
-        let t = Instant::now();
-        let r = f();
-        self.nanos[call].fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
-        r
+        self.clocks[call].time(f)
     }
     /// The backing counted.
     pub fn inner(&self) -> &B {
@@ -172,8 +169,8 @@ pub(crate) struct SyncCounter {
     inner: std::sync::Arc<dyn StreamOrder>,
     syncs: AtomicU64,
     stream_syncs: AtomicU64,
-    /// Nanoseconds in either kind of synchronisation.
-    nanos: AtomicU64,
+    /// Time in either kind of synchronisation.
+    clock: CallClock,
 }
 
 impl SyncCounter {
@@ -182,7 +179,7 @@ impl SyncCounter {
             inner,
             syncs: 0.into(),
             stream_syncs: 0.into(),
-            nanos: 0.into(),
+            clock: CallClock::default(),
         }
     }
     /// Successful [`StreamOrder::synchronize_all`] calls so far.
@@ -195,13 +192,7 @@ impl SyncCounter {
     }
     /// Time spent in synchronisations of either kind.
     pub fn sync_time(&self) -> Duration {
-        Duration::from_nanos(self.nanos.load(Relaxed))
-    }
-    fn timed(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
-        let t = Instant::now();
-        let r = f();
-        self.nanos.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
-        r
+        self.clock.total()
     }
 }
 
@@ -213,12 +204,12 @@ impl StreamOrder for SyncCounter {
         self.inner.wait_for_mark(waiter, signaller)
     }
     fn synchronize_all(&self) -> Result<()> {
-        self.timed(|| self.inner.synchronize_all())?;
+        self.clock.time(|| self.inner.synchronize_all())?;
         self.syncs.fetch_add(1, Relaxed);
         Ok(())
     }
     fn synchronize(&self, stream: StreamRef<'_>) -> Result<()> {
-        self.timed(|| self.inner.synchronize(stream))?;
+        self.clock.time(|| self.inner.synchronize(stream))?;
         self.stream_syncs.fetch_add(1, Relaxed);
         Ok(())
     }
