@@ -448,14 +448,13 @@ fn arena_refuses_a_small_block_freed_as_a_superblock() {
     let s = stream(0);
     let p = mr.allocate(s, 1000, 256).unwrap();
     let q = mr.allocate(s, 1000, 256).unwrap();
-    for wrong in [64 * KIB, 100 * KIB] {
+    // At the superblock's start and inside it, with its size and with another large one: the
+    // arena's own refusal, naming the size it holds.
+    for (block, wrong) in [(p, 64 * KIB), (p, 100 * KIB), (q, 64 * KIB), (q, 100 * KIB)] {
         // SAFETY: the wrong size on purpose; refused before anything changes.
-        let r = unsafe { mr.deallocate(s, p, wrong, 256) };
+        let r = unsafe { mr.deallocate(s, block, wrong, 256) };
         assert!(
-            matches!(
-                r,
-                Err(Error::SizeMismatch { .. } | Error::UnknownPointer { .. })
-            ),
+            matches!(r, Err(Error::SizeMismatch { allocated: 1000, freed, .. }) if freed == wrong),
             "freeing a 1000-byte block as {wrong}: {r:?}"
         );
         mr.check_invariants().unwrap();

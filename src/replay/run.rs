@@ -11,7 +11,6 @@ use super::report::{FirstFailure, ReplayReport};
 use super::sequencer::Sequencer;
 use super::target::Target;
 use super::timeline::Sampler;
-use crate::adaptor::StatisticsResourceAdaptor;
 use crate::error::Result;
 use crate::resource::{MemoryResource, SharedResource, DEFAULT_ALIGNMENT};
 use crate::sync::atomic::{AtomicUsize, Ordering};
@@ -21,11 +20,16 @@ const PROGRESS_MIN_STEPS: usize = 10_000;
 /// The bar moves every this many steps, to keep it off the hot path.
 const PROGRESS_STRIDE: usize = 4096;
 
-/// Shared state of the workers. The sequencer orders every access, so relaxed atomics suffice.
+/// Shared state of the workers. The sequencer orders every step, so relaxed loads and stores
+/// suffice: no read-modify-write, whose locked instructions would cost more than some
+/// resources' own work and be charged to them.
 struct Shared<'a> {
     plan: &'a Plan,
     target: &'a Target,
-    mr: StatisticsResourceAdaptor<SharedResource>,
+    mr: SharedResource,
+    /// Bytes live, and their peak.
+    live: AtomicUsize,
+    peak: AtomicUsize,
     /// Exposed address of each slot's block; 0 when not allocated (or its allocation failed).
     slots: Vec<AtomicUsize>,
     failed_allocs: AtomicUsize,
@@ -87,7 +91,9 @@ pub fn replay_sampled(
     let shared = Shared {
         plan,
         target,
-        mr: StatisticsResourceAdaptor::new(target.resource.clone()),
+        mr: target.resource.clone(),
+        live: AtomicUsize::new(0),
+        peak: AtomicUsize::new(0),
         slots: (0..plan.slots.len()).map(|_| AtomicUsize::new(0)).collect(),
         failed_allocs: AtomicUsize::new(0),
         failed_frees: AtomicUsize::new(0),
@@ -117,9 +123,7 @@ pub fn replay_sampled(
                     }
                     shared.run_step(i);
                     if let Some(s) = sampler {
-                        s.step(i, i + 1 == plan.steps.len(), || {
-                            shared.mr.bytes_counter().value.max(0) as usize
-                        });
+                        s.step(i, i + 1 == plan.steps.len(), || shared.live());
                     }
                     if i % PROGRESS_STRIDE == 0 {
                         shared.bar.set_position(i as u64);
@@ -135,7 +139,7 @@ pub fn replay_sampled(
     let elapsed = start.elapsed();
     shared.bar.finish_and_clear();
 
-    let peak = shared.mr.bytes_counter().peak;
+    let peak = shared.peak.load(Ordering::Relaxed);
     let peak_reserved = target.peak_reserved.as_ref().map(|f| f());
     let resource_notes = target.notes.as_ref().map(|f| f());
     shared.free_leftovers();
@@ -160,6 +164,23 @@ impl Drop for AbortOnPanic<'_> {
 }
 
 impl Shared<'_> {
+    fn live(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Moves the live bytes by `bytes` up (`grow`) or down, in step order (see [`Shared`]).
+    fn count(&self, bytes: usize, grow: bool) {
+        let live = if grow {
+            self.live() + bytes
+        } else {
+            self.live().saturating_sub(bytes)
+        };
+        self.live.store(live, Ordering::Relaxed);
+        if live > self.peak.load(Ordering::Relaxed) {
+            self.peak.store(live, Ordering::Relaxed);
+        }
+    }
+
     fn run_step(&self, i: usize) {
         let step = self.plan.steps[i];
         match step.op {
@@ -173,6 +194,7 @@ impl Shared<'_> {
                     .allocate(self.target.streams()[stream], bytes, DEFAULT_ALIGNMENT)
                 {
                     Ok(p) => {
+                        self.count(bytes, true);
                         self.slots[slot].store(p.as_ptr().expose_provenance(), Ordering::Relaxed)
                     }
                     Err(e) => {
@@ -183,7 +205,7 @@ impl Shared<'_> {
                             *first = Some(FirstFailure {
                                 line: step.line,
                                 bytes,
-                                in_use: self.mr.bytes_counter().value.max(0) as usize,
+                                in_use: self.live(),
                                 fragmentation: self.target.fragmentation.as_ref().map(|f| f()),
                                 largest_free: self.target.largest_free.as_ref().map(|f| f()),
                                 error: e.to_string(),
@@ -197,7 +219,7 @@ impl Shared<'_> {
                 bytes,
                 stream,
             } => {
-                let addr = self.slots[slot].swap(0, Ordering::Relaxed);
+                let addr = self.take_slot(slot);
                 if addr != 0 {
                     if let Err(e) = self.free(addr, bytes, stream) {
                         self.failed_frees.fetch_add(1, Ordering::Relaxed);
@@ -212,6 +234,14 @@ impl Shared<'_> {
         }
     }
 
+    /// Empties `slot` and returns what it held (a load and a store: see [`Shared`]).
+    fn take_slot(&self, slot: usize) -> usize {
+        let addr = self.slots[slot].load(Ordering::Relaxed);
+        self.slots[slot].store(0, Ordering::Relaxed);
+        addr
+    }
+
+    /// Frees the block at `addr` and counts it freed.
     fn free(&self, addr: usize, bytes: usize, stream: usize) -> Result<()> {
         let ptr = NonNull::new(std::ptr::with_exposed_provenance_mut::<u8>(addr))
             .expect("slots hold non-zero addresses");
@@ -221,20 +251,22 @@ impl Shared<'_> {
         unsafe {
             self.mr
                 .deallocate(self.target.streams()[stream], ptr, bytes, DEFAULT_ALIGNMENT)
-        }
+        }?;
+        self.count(bytes, false);
+        Ok(())
     }
 
     /// Frees what the log never frees, so the resource is left empty.
     fn free_leftovers(&self) {
         for (slot, &(bytes, stream)) in self.plan.slots.iter().enumerate() {
-            let addr = self.slots[slot].swap(0, Ordering::Relaxed);
+            let addr = self.take_slot(slot);
             if addr != 0 && self.free(addr, bytes, stream).is_err() {
                 self.failed_frees.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
 
-    fn report(&self, peak: i64, elapsed: Duration) -> ReplayReport {
+    fn report(&self, peak: usize, elapsed: Duration) -> ReplayReport {
         let allocations = self
             .plan
             .steps
@@ -247,7 +279,7 @@ impl Shared<'_> {
             frees: self.plan.steps.len() - allocations,
             threads: self.plan.threads.len(),
             streams: self.plan.streams.len(),
-            peak_bytes: peak.max(0) as usize,
+            peak_bytes: peak,
             logged_peak_bytes: self.plan.logged_peak,
             peak_reserved: None,
             resource_notes: None,
