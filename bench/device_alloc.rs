@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use carve::heap::HeapKernels;
+use carve::resource::{CudaBackingOptions, VirtualMemoryResource, VirtualOptions};
 use carve::{CudaMemoryResource, Device, DeviceHeap, DeviceVec, Event, SharedResource, Stream};
 use cudarc::driver::{result, sys};
 
@@ -85,7 +86,22 @@ fn slab(
     out: &DeviceVec<u64>,
     relaxed: bool,
 ) -> carve::Result<(f64, f64)> {
-    let heap = DeviceHeap::slab(c.mr.clone(), &c.stream, cap, bs)?;
+    // Each slab heap in a virtual range of its own (cuMemAddressReserve, cuMemCreate,
+    // cuMemMap), as a growable heap lives. In cuMemAlloc's memory (`CARVE_DEVICE_ALLOC_SLAB_HEAP
+    // =cuda`), a heap made after a large allocation was freed (a row's 24 GiB bump arena at
+    // 2^24 × 1 KiB, even a 1.5 GiB one) frees about 4 % slower on an H100, whatever its block
+    // size; one in its own range does not (BENCHMARKS.md, 2026-11-25, ninth session).
+    let mr: SharedResource =
+        if std::env::var("CARVE_DEVICE_ALLOC_SLAB_HEAP").as_deref() == Ok("cuda") {
+            c.mr.clone()
+        } else {
+            Arc::new(VirtualMemoryResource::on_device(
+                &c.dev,
+                CudaBackingOptions::default(),
+                VirtualOptions::new(),
+            )?)
+        };
+    let heap = DeviceHeap::slab(mr, &c.stream, cap, bs)?;
     let k = c.kernels();
     let h = heap.device_ptr();
     // SAFETY: `out` holds n u64s; the heap lives until the end.
@@ -209,7 +225,8 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
     };
     let props = c.dev.properties()?;
     table.note(format!(
-        "device: {}, {} SMs. Slab heaps hold 1.5 N blocks (or N / 0.9 for the 90 % column); \
+        "device: {}, {} SMs. Slab heaps hold 1.5 N blocks (or N / 0.9 for the 90 % column), \
+         each in a virtual range of its own (CARVE_DEVICE_ALLOC_SLAB_HEAP=cuda: cuMemAlloc); \
          bump arenas N × block × 1.5 bytes, reset between runs. Slab and CUDA malloc kernels \
          store each pointer (8 B/thread); atomicAdd and bump kernels keep theirs in a register. \
          CUDA malloc runs only at N = 2^20 (heap limit {} MiB) and is bounded to {} s.",
@@ -228,6 +245,8 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
     } else {
         vec![16, 64, 256, 1024, 4096]
     });
+    // Only the slab's alloc and free columns, for a focused run.
+    let slab_only = std::env::var_os("CARVE_DEVICE_ALLOC_SLAB_ONLY").is_some_and(|v| v == "1");
     let counter = DeviceVec::<u64>::zeroed(2, &c.stream, c.mr.clone())?;
     for &log_n in &ns {
         let n = 1u64 << log_n;
@@ -240,6 +259,14 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
             let mut row = vec![format!("2^{log_n}"), bs.to_string(), format!("{empty:.3}")];
             if n * bs * 3 / 2 > MAX_HEAP {
                 row.extend(std::iter::repeat_n("(heap > 40 GiB)".to_string(), 9));
+                table.row(row);
+                continue;
+            }
+            if slab_only {
+                let (a, f) = slab(&c, n, bs, n + n / 2, &out, false)?;
+                row.extend(["–", "–", "–"].map(String::from));
+                row.extend([format!("{a:.1}"), format!("{f:.1}")]);
+                row.extend(["–", "–", "–", "–"].map(String::from));
                 table.row(row);
                 continue;
             }
@@ -289,6 +316,10 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
             }
             table.row(row);
         }
+    }
+    if slab_only {
+        table.note("CARVE_DEVICE_ALLOC_SLAB_ONLY=1: slab alloc and free only.");
+        return Ok(vec![table]);
     }
     let mixed = mixed_sizes(&c, quick)?;
     let classes = per_class(&c, quick)?;
