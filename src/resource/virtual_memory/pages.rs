@@ -7,7 +7,7 @@
 //! map), and creates a chunk only when no page is free. So the physical memory held never
 //! exceeds the most pages live blocks have touched at once.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use super::backing::{PhysicalBacking, PhysicalHandle};
 use crate::error::{Error, Result};
@@ -65,8 +65,11 @@ pub(crate) struct Pages {
     pages: Vec<Page>,
     free: Vec<u32>,
     counters: PageCounters,
-    /// Scratch for [`Placer::cheapest`]: unmapped pages before each page of a free block.
-    before: RefCell<Vec<u32>>,
+    /// `mapped_before[i]`: mapped pages among `pages[..i]`, so that [`Placer`] prices any
+    /// spot in O(1). Rebuilt on the next pricing after a page is mapped or unmapped (rare next
+    /// to pricing: the driver calls of a map cost more than the rebuild).
+    mapped_before: RefCell<Vec<u32>>,
+    stale: Cell<bool>,
 }
 
 impl Pages {
@@ -80,7 +83,8 @@ impl Pages {
             pages: Vec::new(),
             free: Vec::new(),
             counters: PageCounters::default(),
-            before: RefCell::default(),
+            mapped_before: RefCell::new(vec![0]),
+            stale: Cell::new(false),
         }
     }
 
@@ -219,7 +223,7 @@ impl Pages {
         if granted.is_err() {
             // Pages mapped now without access must never be handed out: take them back.
             for &i in &mapped_now {
-                let h = self.pages[i].handle.take().expect("mapped just now");
+                let h = self.set_handle(i, None).expect("mapped just now");
                 // SAFETY: mapped just now by us, never handed out (no access yet).
                 unsafe {
                     if backing.unmap(self.base + i * self.page, self.page).is_ok() {
@@ -249,7 +253,7 @@ impl Pages {
             let (handle, moved) = match self.free.pop() {
                 Some(j) => {
                     let j = j as usize;
-                    let h = self.pages[j].handle.take().expect("free pages are mapped");
+                    let h = self.set_handle(j, None).expect("free pages are mapped");
                     self.pages[j].free_at = NOT_FREE;
                     self.counters.mapped -= 1;
                     let va = self.base + j * self.page;
@@ -257,7 +261,7 @@ impl Pages {
                     // block, and the device is idle (synchronised above).
                     if let Err(e) = unsafe { backing.unmap(va, self.page) } {
                         // Leave the page mapped and free, as it was.
-                        self.pages[j].handle = Some(h);
+                        self.set_handle(j, Some(h));
                         self.put_free(j);
                         self.counters.mapped += 1;
                         return Err(e);
@@ -279,7 +283,7 @@ impl Pages {
                 return Err(e);
             }
             self.counters.maps += 1;
-            self.pages[i].handle = Some(handle);
+            self.set_handle(i, Some(handle));
             mapped_now.push(i);
             self.counters.mapped += 1;
             self.counters.peak_mapped = self.counters.peak_mapped.max(self.counters.mapped);
@@ -300,6 +304,42 @@ impl Pages {
             if p.refs == 0 && p.handle.is_some() {
                 self.put_free(i);
             }
+        }
+    }
+
+    /// Maps (`Some`) or unmaps (`None`) page `i` in the table; returns its chunk before.
+    fn set_handle(&mut self, i: usize, h: Option<PhysicalHandle>) -> Option<PhysicalHandle> {
+        self.stale.set(true);
+        std::mem::replace(&mut self.pages[i].handle, h)
+    }
+
+    /// Unmapped pages of `span` (pages past the table are unmapped), by `mapped_before`.
+    #[inline]
+    fn unmapped_in(mapped_before: &[u32], span: std::ops::Range<usize>) -> usize {
+        let n = mapped_before.len() - 1;
+        let mapped = mapped_before[span.end.min(n)] - mapped_before[span.start.min(n)];
+        span.len() - mapped as usize
+    }
+
+    /// `mapped_before`, rebuilt first if a page was mapped or unmapped since.
+    #[inline]
+    fn mapped_before(&self) -> std::cell::Ref<'_, Vec<u32>> {
+        if self.stale.get() {
+            self.rebuild_mapped_before();
+        }
+        self.mapped_before.borrow()
+    }
+
+    #[cold]
+    fn rebuild_mapped_before(&self) {
+        self.stale.set(false);
+        let mut m = self.mapped_before.borrow_mut();
+        m.clear();
+        m.push(0);
+        let mut mapped = 0;
+        for p in &self.pages {
+            mapped += u32::from(p.handle.is_some());
+            m.push(mapped);
         }
     }
 
@@ -329,7 +369,7 @@ impl Pages {
             unsafe { backing.unmap(self.base + j * self.page, self.page)? };
             self.counters.unmaps += 1;
             self.free.pop();
-            self.pages[j].handle = None;
+            self.set_handle(j, None);
             self.pages[j].free_at = NOT_FREE;
             self.counters.mapped -= 1;
             self.counters.releases += 1;
@@ -342,6 +382,7 @@ impl Pages {
 
     /// Unmaps and releases every mapped page, for drop (errors ignored: drop cannot report).
     pub fn release_all<B: PhysicalBacking>(&mut self, backing: &B) {
+        self.stale.set(true);
         for (i, p) in self.pages.iter_mut().enumerate() {
             if let Some(h) = p.handle.take() {
                 // SAFETY: the resource is being dropped after a device-wide synchronisation; no
@@ -404,9 +445,7 @@ impl Placer for Pages {
     }
 
     fn cost(&self, start: usize, end: usize) -> usize {
-        self.span(start, end)
-            .filter(|&i| self.pages.get(i).is_none_or(|p| p.handle.is_none()))
-            .count()
+        Self::unmapped_in(&self.mapped_before(), self.span(start, end))
     }
 
     fn cheapest(&self, lo: usize, hi: usize, size: usize, align: usize) -> (usize, usize) {
@@ -414,41 +453,25 @@ impl Placer for Pages {
         let down = |a: usize| a & !(align - 1);
         let first = down(lo + align - 1);
         let last = down(hi - size);
-        let first_cost = self.cost(first, first + size);
-        if first_cost == 0 || last == first {
-            return (first, first_cost);
+        let mapped_before = self.mapped_before();
+        let cost = |s: usize| Self::unmapped_in(&mapped_before, self.span(s, s + size));
+        let mut best = (first, cost(first));
+        if best.1 == 0 || last == first {
+            return best;
         }
-        // Unmapped pages before each page of the free range, to price any spot in O(1). Pages
-        // past the table are unmapped, so the table is read only up to its end.
-        let p0 = (lo - self.base) >> self.shift;
-        let known = self.pages.len().clamp(p0, self.span(lo, hi).end);
-        let mut before = self.before.borrow_mut();
-        before.clear();
-        before.push(0);
-        let mut unmapped = 0;
-        // (A free block may start past the table: then nothing in it is mapped.)
-        for p in self.pages.get(p0..known).unwrap_or_default() {
-            unmapped += u32::from(p.handle.is_none());
-            before.push(unmapped);
-        }
-        let unmapped_before = |i: usize| {
-            let (k, n) = (i - p0, before.len() - 1);
-            if k <= n {
-                before[k] as usize
-            } else {
-                before[n] as usize + (k - n)
-            }
-        };
-        let cost = |s: usize| {
-            let span = self.span(s, s + size);
-            unmapped_before(span.end) - unmapped_before(span.start)
-        };
-        let mut best = (first, first_cost);
         // The cost changes only where the block starts or ends on a page boundary; past the
         // table's end a spot costs every page it spans, so one page-aligned spot there will do.
+        let range = self.span(lo, hi);
+        let known = self.pages.len().clamp(range.start, range.end);
+        // No spot costs less than the pages it must span beyond those the range has mapped.
+        let floor = size
+            .div_ceil(self.page)
+            .saturating_sub(range.len() - Self::unmapped_in(&mapped_before, range));
         let mut b = self.base + (((first - self.base) >> self.shift) + 1) * self.page;
         let stop = hi.min(self.base + (known + 1) * self.page + size);
-        while best.1 > 0 && b <= stop {
+        // At the floor, only a lower start could still win, and spots from past `best.0 + size`
+        // on start higher.
+        while b <= stop && (best.1 > floor || b <= best.0 + size + align) {
             let at_start = down(b + align - 1);
             let at_end = b.checked_sub(size).map(down);
             for s in [Some(at_start), at_end].into_iter().flatten() {
