@@ -427,6 +427,19 @@ impl Pages {
             }
             mapped += usize::from(p.handle.is_some());
         }
+        if !self.stale.get() {
+            // It may end before the table: pages appended since are unmapped, as it assumes.
+            let m = self.mapped_before.borrow();
+            let mut run = 0;
+            let fresh = m.len() <= self.pages.len() + 1
+                && self.pages.iter().enumerate().all(|(i, p)| {
+                    run += u32::from(p.handle.is_some());
+                    m.get(i + 1).map_or(p.handle.is_none(), |&k| k == run)
+                });
+            if !fresh {
+                return Err("the prefix count of mapped pages is out of date".into());
+            }
+        }
         if mapped != self.counters.mapped || mapped > self.max_pages {
             return Err(format!(
                 "{mapped} pages mapped, counted {} (max {})",
