@@ -472,14 +472,14 @@ impl Placer for Pages {
         if best.1 == 0 || last == first {
             return best;
         }
-        // The cost changes only where the block starts or ends on a page boundary; past the
-        // table's end a spot costs every page it spans, so one page-aligned spot there will do.
         let range = self.span(lo, hi);
         let known = self.pages.len().clamp(range.start, range.end);
         // No spot costs less than the pages it must span beyond those the range has mapped.
         let floor = size
             .div_ceil(self.page)
             .saturating_sub(range.len() - Self::unmapped_in(&mapped_before, range));
+        // The cost changes only where the block starts or ends on a page boundary; past the
+        // table's end a spot costs every page it spans, so one page-aligned spot there will do.
         let mut b = self.base + (((first - self.base) >> self.shift) + 1) * self.page;
         let stop = hi.min(self.base + (known + 1) * self.page + size);
         // At the floor, only a lower start could still win, and spots from past `best.0 + size`
