@@ -528,6 +528,34 @@ fn every_resource_reports_its_peak_reserved_on_the_synthetic_trace() {
     }
 }
 
+/// The committed PyTorch trace (a GPT training run with a side stream): the expandable pool's
+/// first pass reserves within 5 % of the logical peak, as issue 12 asks (1.03× today), and the
+/// suballocators at least the logical peak.
+#[test]
+fn expandable_pool_stays_within_5_percent_on_the_pytorch_trace() {
+    let log = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch_gpt_small.csv");
+    for kind in [
+        ResourceKind::Pool,
+        ResourceKind::Arena,
+        ResourceKind::Binning,
+        ResourceKind::Expandable,
+    ] {
+        let mut a = args(&log, kind);
+        a.simulate_capacity = Some(80 * GIB);
+        let report = replay_file(&a).unwrap();
+        assert!(report.succeeded(), "{kind}: {report}");
+        assert_eq!(report.peak_bytes, report.logged_peak_bytes, "{kind}");
+        let reserved = report.peak_reserved.expect("every resource can tell") as f64;
+        assert!(reserved >= report.peak_bytes as f64, "{kind}: {report}");
+        if kind == ResourceKind::Expandable {
+            assert!(
+                reserved <= 1.05 * report.peak_bytes as f64,
+                "{kind}: {report}"
+            );
+        }
+    }
+}
+
 /// `--passes`: later passes of a log over the same resource find what the first reserved; the
 /// pool and the arena reserve no more on the synthetic trace. (Binning and the expandable pool
 /// do: 1.16× to 1.37× and 1.02× to 1.06× of the logical peak by the fourth pass, as the blocks
