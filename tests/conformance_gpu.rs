@@ -168,10 +168,7 @@ fn expandable_on_device(env: &Gpu) -> Subject<ExpandableMemoryResource<CudaBacki
     Subject::new(mr.unwrap())
         .usage(|r| {
             let s = r.stats();
-            Usage::new(
-                s.small.bytes_in_use + s.large.bytes_in_use,
-                s.small.live_blocks + s.large.live_blocks,
-            )
+            Usage::new(s.bytes_in_use(), s.live_blocks())
         })
         .invariants(|r| r.check_invariants())
 }

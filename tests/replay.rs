@@ -37,6 +37,7 @@ fn args(log: &Path, kind: ResourceKind) -> ReplayArgs {
         initial_size: None,
         maximum_size: None,
         block_size: None,
+        headroom: None,
         large_upstream: LargeUpstream::Pool,
         simulate_capacity: None,
         passes: 1,
@@ -465,7 +466,7 @@ fn expandable_serves_a_request_larger_than_any_hole() {
         "{text}"
     );
     assert!(
-        text.contains("large range (32 MiB) 128 created, 64 moved"),
+        text.contains("large ranges (32 MiB) 128 / 64 and 0 / 0 on other streams"),
         "{text}"
     );
 

@@ -35,6 +35,7 @@ fn args(log: &Path, kinds: &[ResourceKind]) -> ReplayArgs {
         initial_size: None,
         maximum_size: None,
         block_size: None,
+        headroom: None,
         large_upstream: LargeUpstream::Pool,
         simulate_capacity: Some(1 << 30),
         passes: 1,

@@ -78,7 +78,7 @@ proptest! {
         let mr = ExpandableMemoryResource::new(HostBacking::new(4096).unwrap(), options).unwrap();
         run_ops(&mr, &ops, true, &|| mr.check_invariants(), &|| {
             let s = mr.stats();
-            s.small.bytes_in_use + s.large.bytes_in_use
+            s.bytes_in_use()
         });
     }
 

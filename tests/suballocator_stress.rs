@@ -174,7 +174,7 @@ fn expandable_under_16_threads() {
     hammer(&mr, 20_000);
     mr.check_invariants().unwrap();
     let s = mr.stats();
-    assert_eq!(s.small.bytes_in_use + s.large.bytes_in_use, 0);
+    assert_eq!(s.bytes_in_use(), 0);
     assert!(s.peak_physical <= 160 << 20);
     // Chunks usually move between the threads' blocks here, but how often depends on the
     // interleaving; `moved_pages_never_disturb_live_blocks` (unit test) moves them for sure.

@@ -35,6 +35,10 @@ pub struct ReplayArgs {
     /// (expandable).
     #[arg(long, value_parser = parse_size)]
     pub block_size: Option<usize>,
+    /// Expandable: how far above the most bytes ever live (a fraction of them) the pool may
+    /// create chunks rather than move free pages; default 0.04.
+    #[arg(long)]
+    pub headroom: Option<f64>,
     /// Binning: where requests above the largest bin go.
     #[arg(long, value_enum, default_value_t = LargeUpstream::Pool)]
     pub large_upstream: LargeUpstream,
@@ -86,6 +90,7 @@ impl ReplayArgs {
             initial_size: self.initial_size,
             maximum_size: self.maximum_size,
             block_size: self.block_size,
+            headroom: self.headroom,
             large_upstream: self.large_upstream,
             simulate_capacity: self.simulate_capacity,
         }

@@ -77,6 +77,10 @@ impl<B: PhysicalBacking> CountingBacking<B> {
     pub fn inner(&self) -> &B {
         &self.inner
     }
+    /// The most physical bytes it lets chunks hold.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
     /// Physical bytes in chunks now.
     pub fn physical(&self) -> usize {
         self.physical.load(Relaxed)
