@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use carve::adaptor::{LoggingResourceAdaptor, StatisticsResourceAdaptor};
 use carve::replay::cli::{replay_file, ReplayArgs};
 use carve::replay::{
-    build_target, parse_log, plan, replay, LargeUpstream, ResourceKind, ResourceOptions, Target,
+    build_target, parse_log, plan, replay, LargeUpstream, ReplayReport, ResourceKind,
+    ResourceOptions, Target,
 };
 use carve::{Error, HostMemoryResource, MemoryResource, Properties, StreamId, StreamRef};
 
@@ -551,6 +552,44 @@ fn expandable_pool_stays_within_5_percent_on_the_pytorch_trace() {
         ResourceKind::Expandable,
     ];
     peaks_reserved_on("torch_gpt_small.csv", &kinds, 80 * GIB);
+}
+
+/// The count of driver calls of `kind` (`create`, `unmap`, ...) in an expandable replay's notes.
+fn driver_calls(report: &ReplayReport, kind: &str) -> u64 {
+    let notes = report
+        .resource_notes
+        .as_deref()
+        .expect("the expandable pool notes its calls");
+    let at = notes
+        .find(&format!(" {kind} ("))
+        .unwrap_or_else(|| panic!("no {kind} calls in {notes}"));
+    let count = notes[..at].rsplit(' ').next().unwrap();
+    count
+        .parse()
+        .unwrap_or_else(|_| panic!("{count:?} in {notes}"))
+}
+
+/// Ten passes of the committed PyTorch trace, as ten training steps: the expandable pool stays
+/// within 5 % of the logical peak, and once the second pass has placed the side stream's blocks
+/// no page moves (each move waits for the device, then unmaps and maps).
+#[test]
+fn expandable_pool_settles_on_the_pytorch_trace() {
+    let log = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch_gpt_small.csv");
+    let mut a = args(&log, ResourceKind::Expandable);
+    a.simulate_capacity = Some(80 * GIB);
+    a.passes = 2;
+    let two = replay_file(&a).unwrap();
+    a.passes = 10;
+    let ten = replay_file(&a).unwrap();
+    assert!(ten.succeeded(), "{ten}");
+    let reserved = ten.peak_reserved.unwrap() as f64;
+    assert!(reserved <= 1.05 * ten.peak_bytes as f64, "{ten}");
+    assert_eq!(
+        driver_calls(&ten, "unmap"),
+        driver_calls(&two, "unmap"),
+        "pages moved after the second pass: {ten}"
+    );
+    assert_eq!(driver_calls(&ten, "create"), driver_calls(&two, "create"));
 }
 
 /// `--passes`: later passes of a log over the same resource find what the first reserved; the
