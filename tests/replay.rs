@@ -593,9 +593,9 @@ fn expandable_pool_settles_on_the_pytorch_trace() {
 }
 
 /// `--passes`: later passes of a log over the same resource find what the first reserved; the
-/// pool and the arena reserve no more on the synthetic trace. (Binning and the expandable pool
-/// do: 1.16× to 1.37× and 1.02× to 1.06× of the logical peak by the fourth pass, as the blocks
-/// of the first pass leave the memory laid out differently; BENCHMARKS.md has the figures.)
+/// pool and the arena reserve no more on the synthetic trace. (Binning does: 1.16× to 1.37× of
+/// the logical peak by the fourth pass, as the blocks of the first pass leave the memory laid
+/// out differently; BENCHMARKS.md has the figures.)
 /// The report gives the later passes' time apart from the first pass's.
 #[test]
 fn later_passes_reuse_what_the_first_pass_reserved() {
