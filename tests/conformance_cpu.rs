@@ -265,10 +265,6 @@ fn expandable(env: &Cpu) -> Subject<ExpandableMemoryResource<HostBacking>> {
         })
         .invariants(|r| r.check_invariants())
         .recorded(&env.order)
-        .reuses_elsewhere(
-            "the first stream that allocates has ranges of its own; their free pages' chunks \
-             move to the other streams' ranges",
-        )
 }
 
 // The adaptors, each over its own pool, so that they must pass streams on unchanged for the

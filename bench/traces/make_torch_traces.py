@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Record PyTorch allocation traces for `carve replay`, on a GPU machine.
 
-Trains a small GPT-like transformer for a few steps with varying batch and sequence shapes, a
-side stream that prefetches the next batch and keeps an EMA of the weights, under
+Trains a small GPT-like transformer (or, for `cnn_*`, a residual conv net) for a few steps with
+varying batch and sequence (image) shapes, a side stream that prefetches the next batch and
+keeps an EMA of the weights, under
 `torch.cuda.memory._record_memory_history`. The snapshot's trace is converted to RMM's CSV
 (`Thread,Time,Action,Pointer,Size,Stream`), which `carve replay` reads. Beside each CSV, a JSON
 file records what PyTorch's own caching allocator reserved (`max_memory_reserved`) and the
@@ -28,6 +29,13 @@ CONFIGS = {
     "gpt_small": (6, 768, 12, 3072, 32000, [4, 8, 12, 16], [128, 256, 512, 1024], 24),
     "gpt_medium": (12, 1024, 16, 4096, 50304, [2, 4, 6, 8], [256, 512, 768, 1024, 2048], 24),
     "gpt_varlen": (8, 1024, 16, 4096, 32000, [1, 3, 5, 7, 9], [96, 200, 333, 700, 1500], 30),
+    # Gradient accumulation over micro-batches of varying size, with activation checkpointing.
+    "gpt_accum": (8, 1024, 16, 4096, 32000, [2, 5, 3, 8], [256, 512, 1024], 12),
+}
+
+# Convolutional nets: name -> (widths per stage, batch sizes, image sizes, steps).
+CNN_CONFIGS = {
+    "cnn_varres": ([64, 128, 256, 512], [16, 32, 24, 48], [96, 160, 224, 128], 24),
 }
 
 
@@ -73,14 +81,15 @@ def convert(trace, out_csv):
     return allocs, frees, peak
 
 
-def record(name, out_dir, alloc_conf, keep_trace):
+def gpt(name):
+    """The transformer of config `name`, and its step: (model, batches, shapes, steps, step)."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
 
     layers, d, heads, ff, vocab, batches, seqs, steps = CONFIGS[name]
-    dev = torch.device("cuda")
-    torch.manual_seed(0)
+    accumulate = name == "gpt_accum"
 
     class Block(nn.Module):
         def __init__(self):
@@ -109,8 +118,84 @@ def record(name, out_dir, alloc_conf, keep_trace):
             t = idx.shape[1]
             x = self.emb(idx) + self.pos(torch.arange(t, device=idx.device))
             for blk in self.blocks:
-                x = blk(x)
+                x = checkpoint(blk, x, use_reentrant=False) if accumulate else blk(x)
             return self.head(self.ln(x))
+
+    def host_batch(rng, step):
+        b = batches[step % len(batches)]
+        t = seqs[(step * 7 + 3) % len(seqs)]
+        return torch.randint(0, vocab, (b, t + 1), generator=rng).pin_memory()
+
+    def train_step(model, batch):
+        # Micro-batches of one sequence each under accumulation, else the whole batch at once.
+        parts = batch.split(1) if accumulate else [batch]
+        for part in parts:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = model(part[:, :-1])
+                loss = F.cross_entropy(logits.float().view(-1, vocab), part[:, 1:].reshape(-1))
+            (loss / len(parts)).backward()
+            del logits, loss
+
+    return GPT(), host_batch, steps, train_step
+
+
+def cnn(name):
+    """The residual conv net of config `name`, as `gpt` returns a transformer."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    widths, batches, sizes, steps = CNN_CONFIGS[name]
+    classes = 1000
+
+    class Res(nn.Module):
+        def __init__(self, c_in, c_out, stride):
+            super().__init__()
+            self.c1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+            self.c2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+            self.b1, self.b2 = nn.BatchNorm2d(c_out), nn.BatchNorm2d(c_out)
+            self.skip = None if stride == 1 and c_in == c_out else nn.Conv2d(c_in, c_out, 1, stride)
+
+        def forward(self, x):
+            y = self.b2(self.c2(F.relu(self.b1(self.c1(x)))))
+            return F.relu(y + (x if self.skip is None else self.skip(x)))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, widths[0], 7, 2, 3)
+            layers, c = [], widths[0]
+            for i, w in enumerate(widths):
+                layers += [Res(c, w, 1 if i == 0 else 2), Res(w, w, 1)]
+                c = w
+            self.layers = nn.Sequential(*layers)
+            self.fc = nn.Linear(c, classes)
+
+        def forward(self, x):
+            x = self.layers(F.max_pool2d(F.relu(self.stem(x)), 3, 2, 1))
+            return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+    def host_batch(rng, step):
+        b = batches[step % len(batches)]
+        s = sizes[(step * 5 + 1) % len(sizes)]
+        return torch.randn((b, 3, s, s), generator=rng).pin_memory()
+
+    def train_step(model, batch):
+        target = torch.arange(batch.shape[0], device=batch.device) % classes
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(batch).float(), target)
+        loss.backward()
+        del loss
+
+    return Net(), host_batch, steps, train_step
+
+
+def record(name, out_dir, alloc_conf, keep_trace):
+    import torch
+
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    net, host_batch, steps, train_step = (cnn if name in CNN_CONFIGS else gpt)(name)
 
     if keep_trace:
         try:
@@ -120,32 +205,24 @@ def record(name, out_dir, alloc_conf, keep_trace):
         except TypeError:
             torch.cuda.memory._record_memory_history(max_entries=5_000_000)
 
-    model = GPT().to(dev)
+    model = net.to(dev)
     ema = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     side = torch.cuda.Stream()
     rng = torch.Generator().manual_seed(1)
 
-    def host_batch(step):
-        b = batches[step % len(batches)]
-        t = seqs[(step * 7 + 3) % len(seqs)]
-        return torch.randint(0, vocab, (b, t + 1), generator=rng).pin_memory()
-
     with torch.cuda.stream(side):
-        nxt = host_batch(0).to(dev, non_blocking=True)
+        nxt = host_batch(rng, 0).to(dev, non_blocking=True)
     for step in range(steps):
         torch.cuda.current_stream().wait_stream(side)
         batch = nxt
         batch.record_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # prefetch the next batch on the side stream
-            nxt = host_batch(step + 1).to(dev, non_blocking=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(batch[:, :-1])
-            loss = F.cross_entropy(logits.float().view(-1, vocab), batch[:, 1:].reshape(-1))
-        loss.backward()
+            nxt = host_batch(rng, step + 1).to(dev, non_blocking=True)
+        train_step(model, batch)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        del logits, loss, batch
+        del batch
         if step % 3 == 2:  # EMA of the weights on the side stream
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -174,7 +251,7 @@ def record(name, out_dir, alloc_conf, keep_trace):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", default="traces")
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default=",".join(list(CONFIGS) + list(CNN_CONFIGS)))
     ap.add_argument("--convert", help="convert a pickled torch.cuda.memory._snapshot() instead")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--keep-trace", action="store_true", help=argparse.SUPPRESS)

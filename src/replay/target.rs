@@ -12,7 +12,7 @@ use crate::resource::{
     CountingOrder, CudaBackingOptions, CudaMemoryResource, ExpandableMemoryResource,
     ExpandableOptions, FixedSizeMemoryResource, FixedSizeOptions, HostMemoryResource,
     PhysicalBacking, PoolMemoryResource, PoolOptions, SharedResource, SimulatedMemoryResource,
-    VirtualMemoryResource, VirtualOptions, VirtualStats,
+    VirtualMemoryResource, VirtualOptions,
 };
 use crate::stream::StreamRef;
 
@@ -351,26 +351,17 @@ fn expandable_resource<B: PhysicalBacking>(r: ExpandableMemoryResource<B>) -> Pr
         notes: Some(Box::new(move || {
             let s = notes.stats();
             let c = s.calls;
-            let [small, large, side_small, side_large] = s.ranges();
-            let ranges = s.ranges();
-            let sum = |f: fn(&VirtualStats) -> u64| ranges.iter().map(|r| f(r)).sum::<u64>();
-            let sync_time: std::time::Duration =
-                ranges.iter().map(|r| r.synchronization_time).sum();
             format!(
-                "chunks created / moved: small ranges ({} MiB) {} / {} and {} / {} on other \
-                 streams; large ranges ({} MiB) {} / {} and {} / {} on other streams; driver \
-                 calls: {} create ({}), {} map ({}), {} set_access ({}), {} unmap ({}), {} \
-                 release ({}); synchronisations: {} of the device, {} of a stream ({})",
-                small.chunk_size >> 20,
-                small.chunks_created,
-                small.chunks_moved,
-                side_small.chunks_created,
-                side_small.chunks_moved,
-                large.chunk_size >> 20,
-                large.chunks_created,
-                large.chunks_moved,
-                side_large.chunks_created,
-                side_large.chunks_moved,
+                "chunks: small range ({} MiB) {} created, {} moved; large range ({} MiB) {} \
+                 created, {} moved; driver calls: {} create ({}), {} map ({}), {} set_access \
+                 ({}), {} unmap ({}), {} release ({}); synchronisations: {} of the device, {} \
+                 of a stream ({})",
+                s.small.chunk_size >> 20,
+                s.small.chunks_created,
+                s.small.chunks_moved,
+                s.large.chunk_size >> 20,
+                s.large.chunks_created,
+                s.large.chunks_moved,
                 c.creates,
                 ms(c.time.create),
                 c.maps,
@@ -381,15 +372,15 @@ fn expandable_resource<B: PhysicalBacking>(r: ExpandableMemoryResource<B>) -> Pr
                 ms(c.time.unmap),
                 c.releases,
                 ms(c.time.release),
-                sum(|r| r.synchronizations),
-                sum(|r| r.stream_synchronizations),
-                ms(sync_time)
+                s.small.synchronizations + s.large.synchronizations,
+                s.small.stream_synchronizations + s.large.stream_synchronizations,
+                ms(s.small.synchronization_time + s.large.synchronization_time)
             )
         })),
-        // Free pages of any range can be released and mapped again where needed.
+        // Free pages of either range can be released and mapped again where needed.
         largest_free: Some(Box::new(move || {
             let s = hole.stats();
-            s.large.maximum.saturating_sub(s.physical) + s.free_mapped()
+            s.large.maximum.saturating_sub(s.physical) + s.small.free_mapped + s.large.free_mapped
         })),
     }
 }

@@ -91,18 +91,6 @@ pub enum Order {
     AtOnce(&'static str),
 }
 
-/// Where memory one stream freed reaches another stream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reuse {
-    /// At the addresses it was freed at: the stream-order check wants such a reuse once the
-    /// resource ran out, ordered after the free.
-    SameAddress,
-    /// At other addresses, for the documented reason (per-stream ranges whose physical memory
-    /// moves between them): the check wants the other stream served all the same, after a
-    /// device-wide synchronisation that follows the frees.
-    Elsewhere(&'static str),
-}
-
 /// Reads a resource's statistics.
 pub type Probe<R> = fn(&R) -> Usage;
 
@@ -131,8 +119,6 @@ pub struct Subject<R> {
     pub invariants: Option<Check<R>>,
     /// How it orders frees between streams.
     pub order: Order,
-    /// Where memory freed on one stream reaches another.
-    pub reuse: Reuse,
 }
 
 impl<R: MemoryResource> Subject<R> {
@@ -150,7 +136,6 @@ impl<R: MemoryResource> Subject<R> {
             usage: Err("no statistics stated in the list entry"),
             invariants: None,
             order: Order::Unstated,
-            reuse: Reuse::SameAddress,
         }
     }
 
@@ -187,12 +172,6 @@ impl<R: MemoryResource> Subject<R> {
     /// It orders streams through `order`.
     pub fn recorded(mut self, order: &Arc<RecordingOrder>) -> Self {
         self.order = Order::Recorded(order.clone());
-        self
-    }
-
-    /// Memory freed on one stream reaches another at other addresses, for this reason.
-    pub fn reuses_elsewhere(mut self, why: &'static str) -> Self {
-        self.reuse = Reuse::Elsewhere(why);
         self
     }
 

@@ -1,18 +1,11 @@
-//! [`ExpandableMemoryResource`]: the expandable pool, [`VirtualMemoryResource`]s in expandable
-//! mode over one backing, as PyTorch keeps small and large segments apart: small requests share
-//! small pages, so they never pin a large page; large requests take large pages, so growing
-//! costs few driver calls.
-//!
-//! As PyTorch keeps each stream's segments apart, the first stream that allocates (the main
-//! one) has its pair of ranges and every other stream shares a second pair. Blocks freed on a
-//! side stream then never fragment the main stream's range, whose layout repeats from one
-//! training step to the next: on a PyTorch trace with a side stream (gpt_small), one shared
-//! pair moved 261 pages over 10 passes and the side pair none. Ranges of one page size take
-//! each other's free pages before creating one, so the split holds no more memory.
+//! [`ExpandableMemoryResource`]: the expandable pool, two [`VirtualMemoryResource`]s in
+//! expandable mode over one backing, as PyTorch keeps small and large segments apart: small
+//! requests share small pages, so they never pin a large page; large requests take large pages,
+//! so growing costs few driver calls.
 //!
 //! A move waits for the device and costs an unmap as well as a map, so while the chunks held
 //! stay within a *headroom* above the most bytes ever live ([`ExpandableOptions::headroom`],
-//! 4 % by default), a page that must be mapped gets a new chunk; past it, free pages move.
+//! 5 % by default), a page that must be mapped gets a new chunk; past it, free pages move.
 //! Training steps repeat, so once the pages a step needs are held, later steps map nothing.
 
 use std::fmt;
@@ -31,7 +24,7 @@ use crate::stream::StreamRef;
 /// How an [`ExpandableMemoryResource`] is sized.
 #[derive(Clone, Default)]
 pub struct ExpandableOptions {
-    /// The most physical bytes in chunks at once, every range together; `None`: the device's
+    /// The most physical bytes in chunks at once, both ranges together; `None`: the device's
     /// memory (the simulated capacity).
     pub maximum: Option<usize>,
     /// Requests up to this many bytes go to the small range; `None`: 1 MiB.
@@ -43,15 +36,16 @@ pub struct ExpandableOptions {
     /// How streams are ordered (see [`VirtualOptions::order`]).
     pub order: Option<Arc<dyn StreamOrder>>,
     /// How far above the most bytes ever live (as a fraction of them) the chunks held may grow
-    /// by creating chunks while free pages could move instead; `None`: 0.04. Zero moves a free
-    /// page whenever one exists: the least memory, the most driver calls.
+    /// by creating chunks while free pages could move instead; `None`: [`DEFAULT_HEADROOM`].
+    /// Zero moves a free page whenever one exists: the least memory, the most driver calls.
     pub headroom: Option<f64>,
 }
 
-/// [`ExpandableOptions::headroom`]'s default: on PyTorch training traces with a side stream,
-/// 2–3.5 % let later passes map no page, and 4 % keeps a margin under issue 12's 1.05× (see
-/// BENCHMARKS.md, 2026-11-25, tenth session).
-pub const DEFAULT_HEADROOM: f64 = 0.04;
+/// [`ExpandableOptions::headroom`]'s default. Creating chunks instead of moving free pages
+/// then never takes what the pool holds past 1.05× the most bytes live; on five PyTorch
+/// training traces, ten passes each, it moved 0 to 8 pages in all (BENCHMARKS.md, 2026-11-25,
+/// tenth session).
+pub const DEFAULT_HEADROOM: f64 = 0.05;
 
 impl fmt::Debug for ExpandableOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -68,63 +62,43 @@ impl fmt::Debug for ExpandableOptions {
 /// A snapshot of an [`ExpandableMemoryResource`].
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ExpandableStats {
-    /// Physical bytes in chunks now, every range.
+    /// Physical bytes in chunks now, both ranges.
     pub physical: usize,
     /// The most physical bytes in chunks at once: what the pool took from the device.
     pub peak_physical: usize,
-    /// The main stream's small range.
+    /// The small range.
     pub small: VirtualStats,
-    /// The main stream's large range.
+    /// The large range.
     pub large: VirtualStats,
-    /// The other streams' small range.
-    pub side_small: VirtualStats,
-    /// The other streams' large range.
-    pub side_large: VirtualStats,
-    /// The driver calls every range made (successful ones), and the physical bytes.
+    /// The driver calls both ranges made (successful ones), and the physical bytes.
     pub calls: BackingCounters,
 }
 
 impl ExpandableStats {
-    /// The four ranges: the main stream's small and large, then the other streams'.
-    pub fn ranges(&self) -> [&VirtualStats; 4] {
-        [&self.small, &self.large, &self.side_small, &self.side_large]
-    }
-
-    /// Bytes handed out and not freed, every range.
+    /// Bytes handed out and not freed, both ranges.
     pub fn bytes_in_use(&self) -> usize {
-        self.ranges().iter().map(|r| r.bytes_in_use).sum()
+        self.small.bytes_in_use + self.large.bytes_in_use
     }
 
-    /// Live blocks, every range.
+    /// Live blocks, both ranges.
     pub fn live_blocks(&self) -> usize {
-        self.ranges().iter().map(|r| r.live_blocks).sum()
-    }
-
-    /// Mapped bytes with no live block, every range.
-    pub fn free_mapped(&self) -> usize {
-        self.ranges().iter().map(|r| r.free_mapped).sum()
+        self.small.live_blocks + self.large.live_blocks
     }
 }
 
-/// One of the ranges.
+/// One of the two ranges.
 type Range<B> = VirtualMemoryResource<Arc<CountingBacking<B>>>;
 
-/// [`ExpandableMemoryResource::main`] before any allocation.
-const NO_STREAM: usize = usize::MAX;
-
-/// The expandable pool, in the role of PyTorch's expandable segments for any client: growing
-/// ranges ([`VirtualMemoryResource`] in expandable mode) over one backing, small requests (up to
-/// 1 MiB) sharing 2 MiB pages and larger ones 32 MiB pages, one pair for the first stream that
-/// allocates and one for all others. Free pages anywhere are unmapped and their memory mapped
-/// where it is needed, so a large request never fails for lack of a contiguous hole while free
-/// memory exists. Cheap to clone.
+/// The expandable pool, in the role of PyTorch's expandable segments for any client: two
+/// growing ranges ([`VirtualMemoryResource`] in expandable mode) over one backing, small
+/// requests (up to 1 MiB) sharing 2 MiB pages and larger ones 32 MiB pages. Free pages anywhere
+/// are unmapped and their memory mapped where it is needed, so a large request never fails for
+/// lack of a contiguous hole while free memory exists. Cheap to clone.
 pub struct ExpandableMemoryResource<B: PhysicalBacking = CudaBacking> {
     backing: Arc<CountingBacking<B>>,
-    /// The main stream's small and large ranges, then the other streams'.
-    ranges: Arc<[Range<B>; 4]>,
+    small: Range<B>,
+    large: Range<B>,
     small_limit: usize,
-    /// The id of the first stream that allocated ([`NO_STREAM`] before).
-    main: Arc<AtomicUsize>,
     live: Arc<Live>,
     headroom: f64,
 }
@@ -140,11 +114,11 @@ impl<B: PhysicalBacking> Clone for ExpandableMemoryResource<B> {
     fn clone(&self) -> Self {
         ExpandableMemoryResource {
             backing: self.backing.clone(),
-            ranges: self.ranges.clone(),
+            small: self.small.clone(),
+            large: self.large.clone(),
             small_limit: self.small_limit,
             live: self.live.clone(),
             headroom: self.headroom,
-            main: self.main.clone(),
         }
     }
 }
@@ -197,61 +171,49 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
             o.order = options.order.clone();
             VirtualMemoryResource::new(backing.clone(), o)
         };
-        let (small, large) = (
-            options.small_chunk.unwrap_or(g),
-            options.large_chunk.unwrap_or(16 * g),
-        );
-        let ranges = [range(small)?, range(large)?, range(small)?, range(large)?];
-        ranges[0].share_free_pages(&ranges[2])?;
-        ranges[1].share_free_pages(&ranges[3])?;
+        let small = range(options.small_chunk.unwrap_or(g))?;
+        let large = range(options.large_chunk.unwrap_or(16 * g))?;
         Ok(ExpandableMemoryResource {
-            ranges: Arc::new(ranges),
+            small,
+            large,
             small_limit: options.small_limit.unwrap_or(1 << 20),
-            main: Arc::new(AtomicUsize::new(NO_STREAM)),
             backing,
             live: Arc::default(),
             headroom,
         })
     }
 
-    /// The backing every range maps from.
+    /// The backing both ranges map from.
     pub fn backing(&self) -> &B {
         self.backing.inner()
     }
 
-    /// Every range and the physical memory now.
+    /// Both ranges and the physical memory now.
     pub fn stats(&self) -> ExpandableStats {
-        let [small, large, side_small, side_large] = &*self.ranges;
         ExpandableStats {
             physical: self.backing.physical(),
             peak_physical: self.backing.peak_physical(),
-            small: small.stats(),
-            large: large.stats(),
-            side_small: side_small.stats(),
-            side_large: side_large.stats(),
+            small: self.small.stats(),
+            large: self.large.stats(),
             calls: self.backing.counters(),
         }
     }
 
-    /// Unmaps and frees every free page of every range (see [`VirtualMemoryResource::trim`]).
+    /// Unmaps and frees every free page of both ranges (see [`VirtualMemoryResource::trim`]).
     pub fn trim(&self) -> Result<usize> {
-        let mut freed = 0;
-        for r in self.ranges.iter() {
-            freed += r.trim()?;
-        }
-        Ok(freed)
+        Ok(self.small.trim()? + self.large.trim()?)
     }
 
-    /// Checks every range, and that the chunks counted are the pages mapped.
+    /// Checks both ranges, and that the chunks counted are the pages mapped.
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        let mut mapped = 0;
-        for r in self.ranges.iter() {
-            r.check_invariants()?;
-            mapped += r.stats().mapped;
-        }
-        let physical = self.backing.physical();
-        if physical != mapped {
-            return Err(format!("{physical} bytes in chunks, {mapped} mapped"));
+        self.small.check_invariants()?;
+        self.large.check_invariants()?;
+        let s = self.stats();
+        if s.physical != s.small.mapped + s.large.mapped {
+            return Err(format!(
+                "{} bytes in chunks, {} + {} mapped",
+                s.physical, s.small.mapped, s.large.mapped
+            ));
         }
         Ok(())
     }
@@ -266,32 +228,21 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
             .saturating_sub(self.backing.physical())
     }
 
-    /// The range a request of `bytes` on `stream` goes to.
-    fn route(&self, stream: StreamRef<'_>, bytes: usize) -> &Range<B> {
-        let id = stream.id().get();
-        let mut main = self.main.load(Ordering::Relaxed);
-        if main == NO_STREAM {
-            // Only the first allocation needs the exchange; later ones only read.
-            main = match self.main.compare_exchange(
-                NO_STREAM,
-                id,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => id,
-                Err(first) => first,
-            };
+    /// The range a request of `bytes` goes to, and the other one.
+    fn route(&self, bytes: usize) -> (&Range<B>, &Range<B>) {
+        if bytes <= self.small_limit {
+            (&self.small, &self.large)
+        } else {
+            (&self.large, &self.small)
         }
-        let side = if id == main { 0 } else { 2 };
-        &self.ranges[side + usize::from(bytes > self.small_limit)]
     }
 }
 
-// SAFETY: pure routing to resources that uphold the contract over disjoint reservations; a
-// block is freed to the one whose reservation holds it.
+// SAFETY: pure routing by size to two resources that uphold the contract over disjoint
+// reservations; a block is freed to the one that allocated it (same size, same route).
 unsafe impl<B: PhysicalBacking> MemoryResource for ExpandableMemoryResource<B> {
     fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
-        let mine = self.route(stream, bytes);
+        let (mine, other) = self.route(bytes);
         let spare = self.spare();
         let mut r = mine.allocate_with_spare(stream, bytes, align, spare);
         if spare > 0 && r.as_ref().is_err_and(Error::is_out_of_memory) {
@@ -299,17 +250,9 @@ unsafe impl<B: PhysicalBacking> MemoryResource for ExpandableMemoryResource<B> {
             r = mine.allocate(stream, bytes, align);
         }
         let r = match r {
-            // The other ranges' free pages are physical memory too: release them and retry.
-            Err(e) if e.is_out_of_memory() => {
-                let mut freed = 0;
-                for range in self.ranges.iter().filter(|r| !std::ptr::eq(*r, mine)) {
-                    if range.stats().free_mapped > 0 {
-                        freed += range.trim()?;
-                    }
-                }
-                if freed == 0 {
-                    return Err(e);
-                }
+            // The other range's free pages are physical memory too: release them and retry.
+            Err(e) if e.is_out_of_memory() && other.stats().free_mapped > 0 => {
+                other.trim()?;
                 mine.allocate(stream, bytes, align)
             }
             r => r,
@@ -330,16 +273,8 @@ unsafe impl<B: PhysicalBacking> MemoryResource for ExpandableMemoryResource<B> {
         bytes: usize,
         align: usize,
     ) -> Result<()> {
-        let addr = ptr.as_ptr() as usize;
-        // By address, not by stream: a block may be freed on another stream than its own.
-        let Some(r) = self.ranges.iter().find(|r| r.contains(addr)) else {
-            return Err(Error::UnknownPointer {
-                resource: "ExpandableMemoryResource",
-                ptr: addr,
-            });
-        };
-        // SAFETY: the caller's contract; `r` is the range whose reservation holds the block.
-        let r = unsafe { r.deallocate(stream, ptr, bytes, align) };
+        // SAFETY: the caller's contract; `route` picks the range that allocated it.
+        let r = unsafe { self.route(bytes).0.deallocate(stream, ptr, bytes, align) };
         if r.is_ok() {
             self.live.bytes.fetch_sub(bytes, Ordering::Relaxed);
         }
@@ -347,11 +282,11 @@ unsafe impl<B: PhysicalBacking> MemoryResource for ExpandableMemoryResource<B> {
     }
 
     fn properties(&self) -> Properties {
-        self.ranges[0].properties()
+        self.small.properties()
     }
 
     fn device(&self) -> Option<Device> {
-        self.ranges[0].device()
+        self.small.device()
     }
 }
 

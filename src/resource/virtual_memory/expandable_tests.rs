@@ -1,4 +1,4 @@
-//! The expandable pool's per-stream ranges and its headroom, over simulated memory.
+//! The expandable pool's headroom, over simulated memory.
 
 use std::ptr::NonNull;
 
@@ -6,7 +6,6 @@ use super::*;
 
 const MIB: usize = 1 << 20;
 const MAIN: StreamRef<'static> = StreamRef::simulated(1);
-const SIDE: StreamRef<'static> = StreamRef::simulated(2);
 
 fn pool(capacity: usize, headroom: f64) -> ExpandableMemoryResource<SimulatedBacking> {
     let options = ExpandableOptions {
@@ -34,29 +33,6 @@ fn two_free_pages_apart<B: PhysicalBacking>(r: &ExpandableMemoryResource<B>) -> 
 }
 
 #[test]
-fn a_side_stream_has_ranges_of_its_own_that_take_the_main_streams_free_pages() {
-    let r = pool(64 * MIB, 0.0);
-    let (a, b) = (take(&r, MAIN, 32 * MIB), take(&r, MAIN, 32 * MIB));
-    give(&r, MAIN, a, 32 * MIB);
-    give(&r, MAIN, b, 32 * MIB);
-    // All the memory there is, on the other stream: the main range's chunks move over.
-    let c = take(&r, SIDE, 64 * MIB);
-    let s = r.stats();
-    assert!(
-        c != a && c != b,
-        "the side stream's block lies in its own range"
-    );
-    assert_eq!((s.large.mapped, s.side_large.mapped), (0, 64 * MIB));
-    assert_eq!(s.side_large.chunks_moved, 2, "{s:?}");
-    assert_eq!((s.calls.creates, s.peak_physical), (2, 64 * MIB));
-    assert_eq!(s.side_large.bytes_in_use, s.bytes_in_use());
-    // A block goes back to the range that holds it, whichever stream frees it.
-    give(&r, MAIN, c, 64 * MIB);
-    assert_eq!((r.stats().bytes_in_use(), r.stats().live_blocks()), (0, 0));
-    r.check_invariants().unwrap();
-}
-
-#[test]
 fn without_headroom_free_pages_move() {
     let r = pool(256 * MIB, 0.0);
     let live = two_free_pages_apart(&r);
@@ -78,7 +54,7 @@ fn headroom_creates_chunks_instead_of_moving_free_pages() {
     let _big = take(&r, MAIN, 64 * MIB);
     let s = r.stats();
     assert_eq!((s.large.chunks_created, s.large.chunks_moved), (6, 0));
-    assert_eq!((s.physical, s.free_mapped()), (192 * MIB, 64 * MIB));
+    assert_eq!((s.physical, s.large.free_mapped), (192 * MIB, 64 * MIB));
     assert!(s.physical as f64 <= 1.5 * 128.0 * MIB as f64);
     // Past the headroom, free pages move again.
     let _more = take(&r, MAIN, 64 * MIB);

@@ -53,9 +53,9 @@ pub use simulated::{BackingCounters, CallTimes, SimulatedBacking};
 
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use self::pages::{ChunkDonor, Pages, Settled};
+use self::pages::{Pages, Settled};
 use super::coalescing::core::{
     allocate_from, footprint, free_into, Placer, PoolCore, Reach, GRAIN,
 };
@@ -189,14 +189,15 @@ pub struct VirtualStats {
 /// driver's granularity); a page is mapped while a live block touches it. A page whose blocks
 /// are all freed stays mapped and free; when a block needs a page mapped elsewhere, the chunk
 /// of a free page moves there (after waiting for the stream, or the device, that may still use
-/// it), so the memory held follows the pages in use, not the history of the range; blocks go to
-/// free space on mapped pages before space whose pages are unmapped, so moves stay rare. [`trim`](Self::trim) unmaps
+/// it), so the memory held
+/// follows the pages in use, not the history of the range; blocks go to free space on mapped
+/// pages before space whose pages are unmapped, so moves stay rare. [`trim`](Self::trim) unmaps
 /// and frees every free page.
 ///
 /// Two modes: whole chunks per block ([`VirtualOptions::new`]; a free leaves its pages free at
 /// once; a good upstream for other suballocators), or blocks of 256-byte grains that share
 /// pages ([`VirtualOptions::expandable`]; see also [`ExpandableMemoryResource`], which keeps
-/// small and large requests, and the first stream's and the others', in such ranges).
+/// small and large requests in two such ranges).
 ///
 /// The backing is the CUDA driver ([`CudaBacking`]) or an address-only simulation
 /// ([`SimulatedBacking`]) that answers "would this fit in N GiB?" with no GPU.
@@ -211,27 +212,6 @@ struct Inner<B: PhysicalBacking> {
     reserved: usize,
     expandable: bool,
     state: Mutex<State>,
-    /// A range whose free pages' chunks this one takes before creating one
-    /// ([`VirtualMemoryResource::share_free_pages`]); weak, as each points at the other.
-    donor: OnceLock<Weak<Inner<B>>>,
-}
-
-impl<B: PhysicalBacking> ChunkDonor for Inner<B> {
-    fn donate(&self) -> Option<PhysicalHandle> {
-        // Never wait for the lock: two ranges asking each other at once must not deadlock.
-        let mut st = match self.state.try_lock() {
-            Ok(st) => st,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return None,
-        };
-        if st.pages.free_count() == 0 {
-            return None;
-        }
-        // Work queued on this range's streams may still use its free pages.
-        self.order.synchronize_all().ok()?;
-        st.core.merge_all();
-        st.pages.give_free_page(&self.backing).ok().flatten()
-    }
 }
 
 struct State {
@@ -341,36 +321,8 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
                     extent: 0,
                 }),
                 backing,
-                donor: OnceLock::new(),
             }),
         })
-    }
-
-    /// Lets this range and `other` take each other's free pages' chunks before creating new
-    /// ones, so memory freed in one serves the other without growing what both hold. Both must
-    /// share one backing (their chunks are interchangeable) and one page size; once per range.
-    pub(crate) fn share_free_pages(&self, other: &Self) -> Result<()> {
-        let (a, b) = (
-            self.lock().pages.page_size(),
-            other.lock().pages.page_size(),
-        );
-        if a != b || Arc::ptr_eq(&self.inner, &other.inner) {
-            return Err(Error::InvalidArgument(format!(
-                "{NAME}: pages are shared between two ranges of one page size ({a} and {b} bytes)"
-            )));
-        }
-        let set = |me: &Self, to: &Self| me.inner.donor.set(Arc::downgrade(&to.inner));
-        if set(self, other).is_err() || set(other, self).is_err() {
-            return Err(Error::InvalidArgument(format!(
-                "{NAME}: a range shares its free pages with one other range only"
-            )));
-        }
-        Ok(())
-    }
-
-    /// Whether `addr` lies in the reserved range.
-    pub(crate) fn contains(&self, addr: usize) -> bool {
-        addr.wrapping_sub(self.inner.base) < self.inner.reserved
     }
 
     /// The backing.
@@ -578,16 +530,10 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
         } else {
             Settled::ByStream(stream)
         };
-        let donor = self.inner.donor.get().and_then(Weak::upgrade);
-        let donor = donor.as_deref().map(|d| d as &dyn ChunkDonor);
-        if let Err(e) = st.pages.commit(
-            &self.inner.backing,
-            order,
-            settled,
-            donor,
-            start,
-            start + size,
-        ) {
+        if let Err(e) = st
+            .pages
+            .commit(&self.inner.backing, order, settled, start, start + size)
+        {
             // Never used: back to the index (a block of ours with its own size cannot fail).
             let _ = st.core.free(NAME, stream.id(), start, bytes);
             return Err(match e {

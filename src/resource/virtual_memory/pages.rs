@@ -4,10 +4,9 @@
 //! but *free* (in a list), so a block placed there later costs no driver call. A page that must
 //! be mapped takes the physical chunk of a free page, wherever that lies (a synchronisation of
 //! the device, or of the allocating stream when it alone holds free blocks; then unmap and
-//! map), then a free page of a range it shares chunks with ([`ChunkDonor`]), and creates a
-//! chunk only when no page is free. So the physical memory held never exceeds the most pages
-//! live blocks have touched at once, except for the chunks a caller lets it create instead of
-//! moving ([`Pages::set_spare`]: the expandable pool's headroom).
+//! map), and creates a chunk only when no page is free. So the physical memory held never
+//! exceeds the most pages live blocks have touched at once, except for the chunks a caller lets
+//! it create instead of moving ([`Pages::set_spare`]: the expandable pool's headroom).
 
 use std::cell::{Cell, RefCell};
 
@@ -32,14 +31,6 @@ pub(crate) enum Settled<'a> {
 }
 
 const NOT_FREE: u32 = u32::MAX;
-
-/// Another range of the same page size over the same backing, whose free pages' chunks a range
-/// may take instead of creating one ([`Pages::give_free_page`]).
-pub(crate) trait ChunkDonor {
-    /// The chunk of one of its free pages, unmapped after all work on the device is done, or
-    /// `None` (no free page, or it is busy).
-    fn donate(&self) -> Option<PhysicalHandle>;
-}
 
 #[derive(Clone, Copy, Debug)]
 struct Page {
@@ -80,7 +71,7 @@ pub(crate) struct Pages {
     /// to pricing: the driver calls of a map cost more than the rebuild).
     mapped_before: RefCell<Vec<u32>>,
     stale: Cell<bool>,
-    /// Pages the next commit may create although free pages could move instead.
+    /// Pages the next commits may create although free pages could move instead.
     spare: usize,
 }
 
@@ -144,11 +135,6 @@ impl Pages {
         Some((self.base + i * self.page, h))
     }
 
-    /// Free pages (mapped, no live block).
-    pub fn free_count(&self) -> usize {
-        self.free.len()
-    }
-
     /// Makes `[start, end)` mapped for a new live block. Before free pages move, the work that
     /// may still use them must be done: `settled` says how much to wait for (nothing, when the
     /// caller synchronised the device since the last free). On failure nothing changed.
@@ -157,7 +143,6 @@ impl Pages {
         backing: &B,
         order: &dyn StreamOrder,
         settled: Settled<'_>,
-        donor: Option<&dyn ChunkDonor>,
         start: usize,
         end: usize,
     ) -> Result<()> {
@@ -203,7 +188,7 @@ impl Pages {
         // Relaxed, as PyTorch does around cudaMalloc: the driver calls of a map or a move (and
         // a stream's synchronisation) do not invalidate another thread's graph capture.
         let mapped = crate::driver::capture::relaxed(|| {
-            self.map_missing(backing, order, settled, donor, span.clone())
+            self.map_missing(backing, order, settled, span.clone())
         });
         if let Err(e) = mapped {
             self.decommit(start, end);
@@ -217,7 +202,6 @@ impl Pages {
         backing: &B,
         order: &dyn StreamOrder,
         settled: Settled<'_>,
-        donor: Option<&dyn ChunkDonor>,
         span: std::ops::Range<usize>,
     ) -> Result<()> {
         // Free pages may still be in use by work queued before their blocks were freed.
@@ -233,7 +217,7 @@ impl Pages {
             }
         }
         let mut mapped_now: Vec<usize> = Vec::new();
-        let result = self.map_each(backing, donor, span, &mut mapped_now);
+        let result = self.map_each(backing, span, &mut mapped_now);
         // One access grant per run of pages mapped now (the expensive call on a GPU).
         let granted = result.and_then(|()| {
             let mut k = 0;
@@ -268,12 +252,12 @@ impl Pages {
         granted
     }
 
-    /// Maps every unmapped page of `span`, moving free pages' chunks first (this range's, then
-    /// `donor`'s), and notes each in `mapped_now`. Stops at the first failure.
+    /// Maps every unmapped page of `span`, creating chunks while [`Pages::set_spare`] allows,
+    /// then moving free pages' chunks, then creating again, and notes each in `mapped_now`.
+    /// Stops at the first failure.
     fn map_each<B: PhysicalBacking>(
         &mut self,
         backing: &B,
-        donor: Option<&dyn ChunkDonor>,
         span: std::ops::Range<usize>,
         mapped_now: &mut Vec<usize>,
     ) -> Result<()> {
@@ -305,15 +289,11 @@ impl Pages {
                     self.counters.unmaps += 1;
                     (h, true)
                 }
-                None if self.spare > 0 => {
+                None => {
                     let h = backing.create(self.page)?;
-                    self.spare -= 1;
+                    self.spare = self.spare.saturating_sub(1);
                     (h, false)
                 }
-                None => match donor.and_then(ChunkDonor::donate) {
-                    Some(h) => (h, true),
-                    None => (backing.create(self.page)?, false),
-                },
             };
             let va = self.base + i * self.page;
             // SAFETY: page `i` lies in our reservation, is aligned and unmapped; `handle` is a
@@ -400,26 +380,6 @@ impl Pages {
             self.pages[moved as usize].free_at = at as u32;
         }
         self.pages[i].free_at = NOT_FREE;
-    }
-
-    /// Unmaps a free page and returns its chunk, for another range to map ([`ChunkDonor`]); the
-    /// caller has synchronised the device. `None` without a free page.
-    pub fn give_free_page<B: PhysicalBacking>(
-        &mut self,
-        backing: &B,
-    ) -> Result<Option<PhysicalHandle>> {
-        let Some(&j) = self.free.last() else {
-            return Ok(None);
-        };
-        let j = j as usize;
-        // SAFETY: a page we mapped with this range, with no live block; the device is idle.
-        unsafe { backing.unmap(self.base + j * self.page, self.page)? };
-        self.free.pop();
-        self.pages[j].free_at = NOT_FREE;
-        let h = self.set_handle(j, None).expect("free pages are mapped");
-        self.counters.mapped -= 1;
-        self.counters.unmaps += 1;
-        Ok(Some(h))
     }
 
     /// Unmaps and releases every free page (the caller has synchronised the device). Returns
