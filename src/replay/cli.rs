@@ -36,7 +36,7 @@ pub struct ReplayArgs {
     #[arg(long, value_parser = parse_size)]
     pub block_size: Option<usize>,
     /// Expandable: how far above the most bytes ever live (a fraction of them) the pool may
-    /// create chunks rather than move free pages; default 0.04.
+    /// create chunks rather than move free pages; default 0.05.
     #[arg(long)]
     pub headroom: Option<f64>,
     /// Binning: where requests above the largest bin go.

@@ -36,16 +36,19 @@ pub struct ExpandableOptions {
     /// How streams are ordered (see [`VirtualOptions::order`]).
     pub order: Option<Arc<dyn StreamOrder>>,
     /// How far above the most bytes ever live (as a fraction of them) the chunks held may grow
-    /// by creating chunks while free pages could move instead; `None`: [`DEFAULT_HEADROOM`].
+    /// by creating chunks while free pages could move instead; `None`:
+    /// [`ExpandableOptions::DEFAULT_HEADROOM`].
     /// Zero moves a free page whenever one exists: the least memory, the most driver calls.
     pub headroom: Option<f64>,
 }
 
-/// [`ExpandableOptions::headroom`]'s default. Creating chunks instead of moving free pages
-/// then never takes what the pool holds past 1.05× the most bytes live; on five PyTorch
-/// training traces, ten passes each, it moved 0 to 8 pages in all (BENCHMARKS.md, 2026-11-25,
-/// tenth session).
-pub const DEFAULT_HEADROOM: f64 = 0.05;
+impl ExpandableOptions {
+    /// [`ExpandableOptions::headroom`]'s default. Creating chunks instead of moving free pages
+    /// then never takes what the pool holds past 1.05× the most bytes live; on five PyTorch
+    /// training traces, ten passes each, it moved 0 to 7 pages in all (BENCHMARKS.md, 2026-11-25,
+    /// tenth session).
+    pub const DEFAULT_HEADROOM: f64 = 0.05;
+}
 
 impl fmt::Debug for ExpandableOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -157,7 +160,9 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
         let maximum = options.maximum.ok_or_else(|| {
             Error::InvalidArgument("ExpandableMemoryResource: no maximum size".to_owned())
         })?;
-        let headroom = options.headroom.unwrap_or(DEFAULT_HEADROOM);
+        let headroom = options
+            .headroom
+            .unwrap_or(ExpandableOptions::DEFAULT_HEADROOM);
         if !(0.0..=1.0).contains(&headroom) {
             return Err(Error::InvalidArgument(format!(
                 "ExpandableMemoryResource: headroom {headroom} is not a fraction in [0, 1]"
