@@ -590,6 +590,18 @@ fn expandable_pool_settles_on_the_pytorch_trace() {
         "pages moved after the second pass: {ten}"
     );
     assert_eq!(driver_calls(&ten, "create"), driver_calls(&two, "create"));
+    let notes = ten.resource_notes.as_deref().unwrap();
+    assert!(notes.starts_with("headroom 0.05;"), "{notes}");
+
+    // `--headroom 0` moves free pages whenever one exists, as before the headroom.
+    a.headroom = Some(0.0);
+    let ten = replay_file(&a).unwrap();
+    assert!(driver_calls(&ten, "unmap") > 0, "{ten}");
+    assert!(ten
+        .resource_notes
+        .as_deref()
+        .unwrap()
+        .starts_with("headroom 0;"));
 }
 
 /// `--passes`: later passes of a log over the same resource find what the first reserved; the

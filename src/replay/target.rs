@@ -352,10 +352,11 @@ fn expandable_resource<B: PhysicalBacking>(r: ExpandableMemoryResource<B>) -> Pr
             let s = notes.stats();
             let c = s.calls;
             format!(
-                "chunks: small range ({} MiB) {} created, {} moved; large range ({} MiB) {} \
-                 created, {} moved; driver calls: {} create ({}), {} map ({}), {} set_access \
-                 ({}), {} unmap ({}), {} release ({}); synchronisations: {} of the device, {} \
-                 of a stream ({})",
+                "headroom {}; chunks: small range ({} MiB) {} created, {} moved; large range \
+                 ({} MiB) {} created, {} moved; driver calls: {} create ({}), {} map ({}), {} \
+                 set_access ({}), {} unmap ({}), {} release ({}); synchronisations: {} of the \
+                 device, {} of a stream ({})",
+                notes.headroom(),
                 s.small.chunk_size >> 20,
                 s.small.chunks_created,
                 s.small.chunks_moved,

@@ -193,6 +193,11 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
         self.backing.inner()
     }
 
+    /// The headroom in use ([`ExpandableOptions::headroom`]).
+    pub fn headroom(&self) -> f64 {
+        self.headroom
+    }
+
     /// Both ranges and the physical memory now.
     pub fn stats(&self) -> ExpandableStats {
         ExpandableStats {
