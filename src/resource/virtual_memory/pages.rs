@@ -170,7 +170,8 @@ impl Pages {
         if missing == 0 {
             return Ok(());
         }
-        let created = missing - self.moves_for(missing);
+        let moves = self.moves_for(missing);
+        let created = missing - moves;
         if self.counters.mapped + created > self.max_pages {
             self.decommit(start, end);
             return Err(Error::OutOfMemory {
@@ -188,7 +189,7 @@ impl Pages {
         // Relaxed, as PyTorch does around cudaMalloc: the driver calls of a map or a move (and
         // a stream's synchronisation) do not invalidate another thread's graph capture.
         let mapped = crate::driver::capture::relaxed(|| {
-            self.map_missing(backing, order, settled, span.clone())
+            self.map_missing(backing, order, settled, moves, span.clone())
         });
         if let Err(e) = mapped {
             self.decommit(start, end);
@@ -202,14 +203,11 @@ impl Pages {
         backing: &B,
         order: &dyn StreamOrder,
         settled: Settled<'_>,
+        moves: usize,
         span: std::ops::Range<usize>,
     ) -> Result<()> {
         // Free pages may still be in use by work queued before their blocks were freed.
-        let missing = span
-            .clone()
-            .filter(|&i| self.pages[i].handle.is_none())
-            .count();
-        if self.moves_for(missing) > 0 {
+        if moves > 0 {
             match settled {
                 Settled::Device => {}
                 Settled::ByStream(stream) => order.synchronize(stream)?,
