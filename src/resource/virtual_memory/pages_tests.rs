@@ -35,10 +35,12 @@ fn the_cheapest_spot_is_the_cheapest_of_all() {
         // A table of some mapped pages (the rest, and all past its end, unmapped).
         let len = rng.random_range(0..24);
         p.pages = (0..len)
-            .map(|_| Page {
+            .enumerate()
+            .map(|(i, _)| Page {
                 handle: rng.random_bool(0.5).then_some(1),
-                refs: 0,
-                free_at: NOT_FREE,
+                chunk: i as u32,
+                len: 1,
+                ..UNMAPPED_PAGE
             })
             .collect();
         p.stale.set(true);
