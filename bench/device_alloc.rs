@@ -479,15 +479,24 @@ fn per_class(c: &Ctx, quick: bool) -> carve::Result<Table> {
             "free / slab free",
         ],
     );
-    let sizes: &[u64] = if quick {
-        &[16, 4096]
+    let sizes = env_list::<u64>("CARVE_DEVICE_ALLOC_CLASS_BYTES").unwrap_or(if quick {
+        vec![16, 4096]
     } else {
-        &[16, 64, 256, 1024, 4096, 16384, 65536]
-    };
-    for &bytes in sizes {
+        vec![16, 64, 256, 1024, 4096, 16384, 65536]
+    });
+    // The largest N (log2), for the rows to meet the slab table's 2^24.
+    let max_log_n = env_list::<u32>("CARVE_DEVICE_ALLOC_CLASS_N")
+        .and_then(|v| v.first().copied())
+        .unwrap_or(22);
+    for bytes in sizes {
+        if !bytes.is_power_of_two() || bytes < 16 {
+            return Err(carve::Error::InvalidArgument(format!(
+                "CARVE_DEVICE_ALLOC_CLASS_BYTES: {bytes} is not a power of two of at least 16"
+            )));
+        }
         // Every one of the 44 classes gets the bytes this size needs (equal strides), so N
         // shrinks with the size to keep the heap under 44 GiB.
-        let log_n = (29 - bytes.trailing_zeros()).min(22);
+        let log_n = (29 - bytes.trailing_zeros()).min(max_log_n);
         let n = 1u64 << log_n;
         let per_class = (n * bytes * 2).next_power_of_two();
         let out = DeviceVec::<u64>::zeroed(n as usize, &c.stream, c.mr.clone())?;
