@@ -223,6 +223,9 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
         mr: Arc::new(CudaMemoryResource::new(&dev)),
         dev,
     };
+    if std::env::var_os("CARVE_DEVICE_ALLOC_CLASS_ONLY").is_some_and(|v| v == "1") {
+        return Ok(vec![per_class(&c, quick)?]);
+    }
     let props = c.dev.properties()?;
     table.note(format!(
         "device: {}, {} SMs. Slab heaps hold 1.5 N blocks (or N / 0.9 for the 90 % column), \
