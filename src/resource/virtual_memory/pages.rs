@@ -498,29 +498,33 @@ impl Pages {
         firsts.dedup();
         let mut released = 0;
         for f in firsts {
-            let len = self.pages[f].len as usize;
-            if self.pages[f].idle as usize != len {
-                continue;
+            if self.pages[f].idle == self.pages[f].len {
+                released += self.release_chunk(backing, f)?;
             }
-            let h = self.pages[f].handle.expect("held pages are mapped");
-            let bytes = len * self.page;
-            // SAFETY: a chunk we mapped whole at this range, with no live block on any of its
-            // pages; the caller waited for the work that used them.
-            unsafe { backing.unmap(self.base + f * self.page, bytes)? };
-            self.counters.unmaps += 1;
-            for k in f..f + len {
-                self.take_free(k);
-                self.set_handle(k, None);
-            }
-            debug_assert_eq!(self.pages[f].idle, 0);
-            self.pages[f].len = 0;
-            self.counters.mapped -= len;
-            self.counters.releases += 1;
-            // SAFETY: just unmapped, referenced nowhere.
-            unsafe { backing.release(h, bytes)? };
-            released += bytes;
         }
         Ok(released)
+    }
+
+    /// Unmaps and releases the chunk at page `f`, every page of which is free (the caller
+    /// waited for the work that used them), and returns its bytes.
+    fn release_chunk<B: PhysicalBacking>(&mut self, backing: &B, f: usize) -> Result<usize> {
+        let len = self.pages[f].len as usize;
+        let h = self.pages[f].handle.expect("free pages are mapped");
+        let bytes = len * self.page;
+        // SAFETY: a chunk we mapped whole at this range, with no live block on any of its
+        // pages; the caller waited for the work that used them.
+        unsafe { backing.unmap(self.base + f * self.page, bytes)? };
+        self.counters.unmaps += 1;
+        for k in f..f + len {
+            self.take_free(k);
+            self.set_handle(k, None);
+        }
+        self.pages[f].len = 0;
+        self.counters.mapped -= len;
+        self.counters.releases += 1;
+        // SAFETY: just unmapped, referenced nowhere.
+        unsafe { backing.release(h, bytes)? };
+        Ok(bytes)
     }
 
     /// Unmaps and releases every free page, and every chunk of several pages that is wholly
@@ -529,20 +533,7 @@ impl Pages {
     pub fn trim<B: PhysicalBacking>(&mut self, backing: &B) -> Result<usize> {
         let mut released = self.release_held(backing)?;
         while let Some(&j) = self.free.last() {
-            let j = j as usize;
-            let h = self.pages[j].handle.expect("free pages are mapped");
-            // SAFETY: a page we mapped with this range, with no live block; the device is idle.
-            unsafe { backing.unmap(self.base + j * self.page, self.page)? };
-            self.counters.unmaps += 1;
-            self.free.pop();
-            self.set_handle(j, None);
-            self.pages[j].free_at = NOT_FREE;
-            self.pages[j].len = 0;
-            self.counters.mapped -= 1;
-            self.counters.releases += 1;
-            // SAFETY: just unmapped, referenced nowhere.
-            unsafe { backing.release(h, self.page)? };
-            released += self.page;
+            released += self.release_chunk(backing, j as usize)?;
         }
         Ok(released)
     }
