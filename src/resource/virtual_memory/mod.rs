@@ -6,8 +6,8 @@
 //! are placed by the shared coalescing engine (TLSF best fit, stream-ordered reuse) over the
 //! part of the range in use, which grows in large steps when no free block fits: a request
 //! never fails for want of a contiguous hole. Physical memory is counted in pages (a multiple of
-//! the driver's granularity), mapped from chunks of one page, or of two where a block needed
-//! both created at once: a page is mapped while a live block touches it. A
+//! the driver's granularity), mapped from chunks of one page, or in expandable mode of two
+//! where a block needed both created at once: a page is mapped while a live block touches it. A
 //! page whose blocks are all freed stays mapped and free; when a block needs a page mapped
 //! elsewhere, the chunk of a free page moves there, so the memory held follows the pages in
 //! use, not the history of the range. A move first waits for the work that may still use the
@@ -155,7 +155,7 @@ pub struct VirtualStats {
     pub live_blocks: usize,
     /// The largest free block of the range in use.
     pub largest_free_block: usize,
-    /// Bytes per page (a chunk maps one page, or two created for one block).
+    /// Bytes per page (a chunk maps one page, or in expandable mode two created for one block).
     pub chunk_size: usize,
     /// Chunks created.
     pub chunks_created: u64,
@@ -318,7 +318,8 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
                 expandable: options.expandable,
                 state: Mutex::new(State {
                     core: PoolCore::default(),
-                    pages: Pages::new(base, page, max_pages),
+                    // Whole-chunk blocks keep a chunk per page: every page moves.
+                    pages: Pages::new(base, page, max_pages, options.expandable),
                     extent: 0,
                 }),
                 backing,

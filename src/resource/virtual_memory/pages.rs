@@ -8,12 +8,12 @@
 //! exceeds the most pages live blocks have touched at once, except for the chunks a caller lets
 //! it create instead of moving ([`Pages::set_spare`]: the expandable pool's headroom).
 //!
-//! A block that needs several pages created at once gets them in chunks of two pages
-//! ([`MAX_CHUNK_PAGES`]): half the creates and maps, and half the mappings that the access
-//! grant (the costly call, whose cost follows the mappings rather than the bytes) covers. The
-//! pages of such a chunk do not move one by one; they are *held* while free, and the chunk is
-//! released whole once both are free: by [`Pages::trim`], or before a commit would create
-//! pages past what the caller allows.
+//! With [`Pages::new`]'s `paired`, a block that needs several pages created at once gets them
+//! in chunks of two pages ([`MAX_CHUNK_PAGES`]): half the creates and maps, and half the
+//! mappings that the access grant (the costly call, whose cost follows the mappings rather than
+//! the bytes) covers. The pages of such a chunk do not move one by one; they are *held* while
+//! free, and the chunk is released whole once both are free: by [`Pages::trim`], or before a
+//! commit would create pages past what the caller allows.
 
 use std::cell::{Cell, RefCell};
 
@@ -41,9 +41,9 @@ const NOT_FREE: u32 = u32::MAX;
 
 /// The most pages one chunk maps. Two halve the driver calls of a block that needs many pages
 /// created, and leave at most one page held by a chunk that a block shares with free memory:
-/// with larger chunks, a trace whose large blocks come and go between others held free pages
-/// that could not move, and reserved up to 1.13× its logical peak against 1.06× (BENCHMARKS.md,
-/// 2026-11-26).
+/// with chunks of 3 to 16 pages, a trace whose large blocks come and go between others held
+/// free pages that could not move, and reserved 1.09–1.15× its logical peak against 1.06×
+/// (BENCHMARKS.md, 2026-11-26).
 const MAX_CHUNK_PAGES: usize = 2;
 
 #[derive(Clone, Copy, Debug)]
@@ -101,6 +101,8 @@ pub(crate) struct Pages {
     held: Vec<u32>,
     /// Chunks of several pages that are wholly free.
     idle_chunks: usize,
+    /// The most pages a chunk created for one block maps: 1, or [`MAX_CHUNK_PAGES`].
+    chunk_pages: usize,
     counters: PageCounters,
     /// `mapped_before[i]`: mapped pages among `pages[..i]`, so that [`Placer`] prices any
     /// spot in O(1). Rebuilt on the next pricing after a page is mapped or unmapped (rare next
@@ -112,8 +114,9 @@ pub(crate) struct Pages {
 }
 
 impl Pages {
-    /// Pages of `page` bytes from `base`, at most `max_pages` mapped at once.
-    pub fn new(base: usize, page: usize, max_pages: usize) -> Self {
+    /// Pages of `page` bytes from `base`, at most `max_pages` mapped at once; with `paired`,
+    /// pages created together come in chunks of two.
+    pub fn new(base: usize, page: usize, max_pages: usize, paired: bool) -> Self {
         Pages {
             base,
             page,
@@ -123,6 +126,7 @@ impl Pages {
             free: Vec::new(),
             held: Vec::new(),
             idle_chunks: 0,
+            chunk_pages: if paired { MAX_CHUNK_PAGES } else { 1 },
             counters: PageCounters::default(),
             mapped_before: RefCell::new(vec![0]),
             stale: Cell::new(false),
@@ -351,7 +355,7 @@ impl Pages {
                     // The pages after `i` that this commit would create too.
                     let mut len = 1;
                     while i + len < span.end
-                        && len < MAX_CHUNK_PAGES
+                        && len < self.chunk_pages
                         && self.pages[i + len].handle.is_none()
                         && (self.spare > len || self.free.is_empty())
                     {

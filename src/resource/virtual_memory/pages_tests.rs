@@ -31,7 +31,7 @@ fn the_cheapest_spot_is_the_cheapest_of_all() {
     for _ in 0..3000 {
         let page = GRAIN << rng.random_range(0..4);
         let base = 1 << 30;
-        let mut p = Pages::new(base, page, 1 << 20);
+        let mut p = Pages::new(base, page, 1 << 20, true);
         // A table of some mapped pages (the rest, and all past its end, unmapped).
         let len = rng.random_range(0..24);
         p.pages = (0..len)

@@ -151,6 +151,11 @@ fn whole_chunk_blocks_free_their_pages_at_once() {
     assert_eq!(a % PAGE, 0);
     assert_eq!(b % PAGE, 0);
     assert_eq!(r.stats().mapped, 3 * PAGE);
+    assert_eq!(
+        r.stats().chunks_created,
+        3,
+        "a chunk per page: every page may move"
+    );
     free(&r, A, a, 1);
     assert_eq!(r.stats().free_mapped, PAGE);
     r.check_invariants().unwrap();
