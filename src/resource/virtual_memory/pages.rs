@@ -19,6 +19,7 @@ use std::cell::{Cell, RefCell};
 
 use super::backing::{PhysicalBacking, PhysicalHandle};
 use crate::error::{Error, Result};
+#[cfg(doc)]
 use crate::resource::coalescing::core::Placer;
 use crate::resource::StreamOrder;
 use crate::stream::StreamRef;
@@ -563,95 +564,6 @@ impl Pages {
         self.idle_chunks = 0;
         self.counters.mapped = 0;
     }
-
-    /// Checks the table against `live` (start, end) ranges: reference counts, the free list,
-    /// and the mapped count.
-    pub fn check(&self, live: &[(usize, usize)]) -> std::result::Result<(), String> {
-        let mut refs = vec![0u32; self.pages.len()];
-        for &(s, e) in live {
-            for i in self.span(s, e) {
-                *refs
-                    .get_mut(i)
-                    .ok_or(format!("live block {s:#x} beyond the page table"))? += 1;
-            }
-        }
-        let mut mapped = 0;
-        for (i, p) in self.pages.iter().enumerate() {
-            if p.refs != refs[i] {
-                return Err(format!(
-                    "page {i}: {} refs, {} live blocks",
-                    p.refs, refs[i]
-                ));
-            }
-            if p.refs > 0 && p.handle.is_none() {
-                return Err(format!("page {i} holds a live block but is not mapped"));
-            }
-            if let Some(h) = p.handle {
-                let f = p.chunk as usize;
-                let first = self.pages.get(f).copied().unwrap_or(UNMAPPED_PAGE);
-                if f > i || f + first.len as usize <= i || first.chunk as usize != f {
-                    return Err(format!("page {i}: not inside its chunk at page {f}"));
-                }
-                if first.handle != Some(h) {
-                    return Err(format!("page {i}: another handle than its chunk's"));
-                }
-            }
-            let is_free = p.handle.is_some() && p.refs == 0;
-            let list = if is_free && self.movable(i) {
-                &self.free
-            } else {
-                &self.held
-            };
-            if is_free != (p.free_at != NOT_FREE)
-                || (is_free && list.get(p.free_at as usize) != Some(&(i as u32)))
-            {
-                return Err(format!("page {i}: free list disagrees"));
-            }
-            mapped += usize::from(p.handle.is_some());
-        }
-        if !self.stale.get() {
-            // It may end before the table: pages appended since are unmapped, as it assumes.
-            let m = self.mapped_before.borrow();
-            let mut run = 0;
-            let fresh = m.len() <= self.pages.len() + 1
-                && self.pages.iter().enumerate().all(|(i, p)| {
-                    run += u32::from(p.handle.is_some());
-                    m.get(i + 1).map_or(p.handle.is_none(), |&k| k == run)
-                });
-            if !fresh {
-                return Err("the prefix count of mapped pages is out of date".into());
-            }
-        }
-        let mut idle_chunks = 0;
-        for (f, p) in self.pages.iter().enumerate() {
-            if p.handle.is_some() && p.chunk as usize == f && p.len > 1 {
-                let free = self.pages[f..f + p.len as usize]
-                    .iter()
-                    .filter(|q| q.refs == 0)
-                    .count();
-                if free != p.idle as usize {
-                    return Err(format!(
-                        "chunk at page {f}: {free} free pages, {} counted",
-                        p.idle
-                    ));
-                }
-                idle_chunks += usize::from(free == p.len as usize);
-            }
-        }
-        if idle_chunks != self.idle_chunks {
-            return Err(format!(
-                "{idle_chunks} chunks wholly free, {} counted",
-                self.idle_chunks
-            ));
-        }
-        if mapped != self.counters.mapped || mapped > self.max_pages {
-            return Err(format!(
-                "{mapped} pages mapped, counted {} (max {})",
-                self.counters.mapped, self.max_pages
-            ));
-        }
-        Ok(())
-    }
 }
 
 /// Waits for the work that may still use free pages (queued before their blocks were freed),
@@ -664,56 +576,10 @@ fn wait_for_free_pages(order: &dyn StreamOrder, settled: Settled<'_>) -> Result<
     }
 }
 
-/// A block costs the pages it would have to map: so when free memory lies on mapped pages, a
-/// block goes there rather than moving chunks to where the best fit lies.
-impl Placer for Pages {
-    fn worth_searching(&self) -> bool {
-        !self.free.is_empty() || !self.held.is_empty()
-    }
-
-    fn cost(&self, start: usize, end: usize) -> usize {
-        Self::unmapped_in(&self.mapped_before(), self.span(start, end))
-    }
-
-    fn cheapest(&self, lo: usize, hi: usize, size: usize, align: usize) -> (usize, usize) {
-        // Alignments are powers of two.
-        let down = |a: usize| a & !(align - 1);
-        let first = down(lo + align - 1);
-        let last = down(hi - size);
-        let mapped_before = self.mapped_before();
-        let cost = |s: usize| Self::unmapped_in(&mapped_before, self.span(s, s + size));
-        let mut best = (first, cost(first));
-        if best.1 == 0 || last == first {
-            return best;
-        }
-        let range = self.span(lo, hi);
-        let known = self.pages.len().clamp(range.start, range.end);
-        // No spot costs less than the pages it must span beyond those the range has mapped.
-        let floor = size
-            .div_ceil(self.page)
-            .saturating_sub(range.len() - Self::unmapped_in(&mapped_before, range));
-        // The cost changes only where the block starts or ends on a page boundary; past the
-        // table's end a spot costs every page it spans, so one page-aligned spot there will do.
-        let mut b = self.base + (((first - self.base) >> self.shift) + 1) * self.page;
-        let stop = hi.min(self.base + (known + 1) * self.page + size);
-        // At the floor, only a lower start could still win, and spots from past `best.0 + size`
-        // on start higher.
-        while b <= stop && (best.1 > floor || b <= best.0 + size + align) {
-            let at_start = down(b + align - 1);
-            let at_end = b.checked_sub(size).map(down);
-            for s in [Some(at_start), at_end].into_iter().flatten() {
-                if s >= first && s <= last {
-                    let c = cost(s);
-                    if c < best.1 || (c == best.1 && s < best.0) {
-                        best = (s, c);
-                    }
-                }
-            }
-            b += self.page;
-        }
-        best
-    }
-}
+#[path = "pages_check.rs"]
+mod check;
+#[path = "pages_placer.rs"]
+mod placer;
 
 #[cfg(test)]
 #[path = "pages_tests.rs"]
