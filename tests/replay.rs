@@ -437,9 +437,8 @@ fn cli_exit_status_reflects_failures() {
 }
 
 /// The case that defeats every allocator with fixed addresses: free memory in two separate
-/// 1 GiB holes, then a 2 GiB request. The expandable pool releases the free pages' chunks
-/// (two pages each, mapped for one block) and maps the 2 GiB within the same 4 GiB; the report
-/// says what each resource reserved.
+/// 1 GiB holes, then a 2 GiB request. The expandable pool moves the free pages' memory and
+/// serves it within the same 4 GiB; the report says what each resource reserved.
 #[test]
 fn expandable_serves_a_request_larger_than_any_hole() {
     let dir = tempfile::tempdir().unwrap();
@@ -468,9 +467,7 @@ fn expandable_serves_a_request_larger_than_any_hole() {
         "{text}"
     );
     assert!(
-        text.contains("large range (32 MiB) 96 created, 0 moved")
-            && text.contains("32 unmap")
-            && text.contains("32 release"),
+        text.contains("large range (32 MiB) 128 created, 64 moved"),
         "{text}"
     );
 

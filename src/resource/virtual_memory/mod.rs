@@ -5,9 +5,8 @@
 //! The range is reserved once ([`PhysicalBacking::reserve`]), so addresses never move. Blocks
 //! are placed by the shared coalescing engine (TLSF best fit, stream-ordered reuse) over the
 //! part of the range in use, which grows in large steps when no free block fits: a request
-//! never fails for want of a contiguous hole. Physical memory is counted in pages (a multiple of
-//! the driver's granularity), mapped from chunks of one page, or in expandable mode of two
-//! where a block needed both created at once: a page is mapped while a live block touches it. A
+//! never fails for want of a contiguous hole. Physical memory is counted in chunks (pages, a
+//! multiple of the driver's granularity): a page is mapped while a live block touches it. A
 //! page whose blocks are all freed stays mapped and free; when a block needs a page mapped
 //! elsewhere, the chunk of a free page moves there, so the memory held follows the pages in
 //! use, not the history of the range. A move first waits for the work that may still use the
@@ -155,7 +154,7 @@ pub struct VirtualStats {
     pub live_blocks: usize,
     /// The largest free block of the range in use.
     pub largest_free_block: usize,
-    /// Bytes per page (a chunk maps one page, or in expandable mode two created for one block).
+    /// Bytes per chunk (page).
     pub chunk_size: usize,
     /// Chunks created.
     pub chunks_created: u64,
@@ -163,7 +162,7 @@ pub struct VirtualStats {
     pub chunks_moved: u64,
     /// Chunks released (trim, failures).
     pub chunks_released: u64,
-    /// Successful `map` calls (one per chunk mapped: created or moved).
+    /// Successful `map` calls (one per page mapped: a created or a moved chunk).
     pub maps: u64,
     /// Successful `unmap` calls (moves, trims, failures).
     pub unmaps: u64,
@@ -318,8 +317,7 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
                 expandable: options.expandable,
                 state: Mutex::new(State {
                     core: PoolCore::default(),
-                    // Whole-chunk blocks keep a chunk per page: every page moves.
-                    pages: Pages::new(base, page, max_pages, options.expandable),
+                    pages: Pages::new(base, page, max_pages),
                     extent: 0,
                 }),
                 backing,
@@ -390,12 +388,12 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
                 ptr: addr,
             });
         }
-        let (start, handle, bytes) = st.pages.chunk_at(addr).ok_or(Error::UnknownPointer {
+        let (start, handle) = st.pages.chunk_at(addr).ok_or(Error::UnknownPointer {
             resource: NAME,
             ptr: addr,
         })?;
         let fd = self.inner.backing.export_fd(handle)?;
-        Ok((fd, start, bytes))
+        Ok((fd, start, st.pages.page_size()))
     }
 
     /// Checks the block index and the page table against each other.

@@ -7,7 +7,7 @@ use crate::resource::coalescing::core::Placer;
 /// block goes there rather than moving chunks to where the best fit lies.
 impl Placer for Pages {
     fn worth_searching(&self) -> bool {
-        !self.free.is_empty() || !self.held.is_empty()
+        !self.free.is_empty()
     }
 
     fn cost(&self, start: usize, end: usize) -> usize {

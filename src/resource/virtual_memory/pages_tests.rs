@@ -32,16 +32,14 @@ fn the_cheapest_spot_is_the_cheapest_of_all() {
     for _ in 0..3000 {
         let page = GRAIN << rng.random_range(0..4);
         let base = 1 << 30;
-        let mut p = Pages::new(base, page, 1 << 20, true);
+        let mut p = Pages::new(base, page, 1 << 20);
         // A table of some mapped pages (the rest, and all past its end, unmapped).
         let len = rng.random_range(0..24);
         p.pages = (0..len)
-            .enumerate()
-            .map(|(i, _)| Page {
+            .map(|_| Page {
                 handle: rng.random_bool(0.5).then_some(1),
-                chunk: i as u32,
-                len: 1,
-                ..UNMAPPED_PAGE
+                refs: 0,
+                free_at: NOT_FREE,
             })
             .collect();
         p.stale.set(true);

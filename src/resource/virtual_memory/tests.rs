@@ -151,87 +151,11 @@ fn whole_chunk_blocks_free_their_pages_at_once() {
     assert_eq!(a % PAGE, 0);
     assert_eq!(b % PAGE, 0);
     assert_eq!(r.stats().mapped, 3 * PAGE);
-    assert_eq!(
-        r.stats().chunks_created,
-        3,
-        "a chunk per page: every page may move"
-    );
     free(&r, A, a, 1);
     assert_eq!(r.stats().free_mapped, PAGE);
     r.check_invariants().unwrap();
     free(&r, A, b, PAGE + 1);
     assert_eq!(r.trim().unwrap(), 3 * PAGE);
-}
-
-/// Pages created for one block come in chunks of two: one create and one map per chunk, and
-/// one access grant for the run.
-#[test]
-fn a_block_of_many_pages_maps_chunks_of_two_pages() {
-    let r = expandable(64 * MIB);
-    let a = alloc(&r, A, 5 * PAGE);
-    let s = r.stats();
-    assert_eq!(s.mapped, 5 * PAGE);
-    assert_eq!(
-        (s.chunks_created, s.maps, s.access_grants),
-        (3, 3, 1),
-        "{s:?}"
-    );
-    assert_eq!(r.backing().counters().creates, 3);
-    r.check_invariants().unwrap();
-    free(&r, A, a, 5 * PAGE);
-    assert_eq!(r.trim().unwrap(), 5 * PAGE);
-    let s = r.stats();
-    assert_eq!((s.mapped, s.chunks_released, s.unmaps), (0, 3, 3), "{s:?}");
-    assert_eq!(r.backing().counters().physical, 0);
-    r.check_invariants().unwrap();
-}
-
-/// A free page whose chunk still holds a live block stays mapped, through a trim, until the
-/// chunk is wholly free.
-#[test]
-fn a_free_page_stays_while_its_chunk_holds_a_block() {
-    let r = expandable(64 * MIB);
-    let x = alloc(&r, A, 3 * MIB);
-    let y = alloc(&r, A, 1000);
-    assert_eq!(y, x + 3 * MIB, "on the second page of the first chunk");
-    assert_eq!(r.stats().chunks_created, 1);
-    free(&r, A, x, 3 * MIB);
-    assert_eq!(r.stats().free_mapped, PAGE);
-    assert_eq!(r.trim().unwrap(), 0, "the chunk holds a live block");
-    assert_eq!(r.stats().mapped, 2 * PAGE);
-    r.check_invariants().unwrap();
-    free(&r, A, y, 1000);
-    assert_eq!(r.trim().unwrap(), 2 * PAGE);
-    r.check_invariants().unwrap();
-}
-
-/// Pages of a chunk do not move one by one, so a request that must map pages first releases
-/// the chunks that are wholly free: here it fits only because of that.
-#[test]
-fn wholly_free_chunks_are_released_before_pages_are_created() {
-    let order = Arc::new(RecordingOrder::new());
-    let backing = Arc::new(SimulatedBacking::new(8 * PAGE, PAGE).unwrap());
-    let options = VirtualOptions::expandable()
-        .maximum(8 * PAGE)
-        .order(order.clone());
-    let r = VirtualMemoryResource::new(backing, options).unwrap();
-    let a = alloc(&r, A, 4 * PAGE);
-    let _guard = alloc(&r, A, PAGE);
-    free(&r, A, a, 4 * PAGE);
-    let s = r.stats();
-    assert_eq!((s.free_mapped, s.chunks_created), (4 * PAGE, 3), "{s:?}");
-    let seen = order.events().len();
-    // Larger than the hole: it goes past the guard, on six pages no chunk maps.
-    let b = alloc(&r, A, 6 * PAGE);
-    assert!(b > a + 4 * PAGE);
-    let s = r.stats();
-    assert_eq!(s.chunks_released, 2, "{s:?}");
-    assert_eq!(s.mapped, 7 * PAGE);
-    assert_eq!(s.peak_mapped, 7 * PAGE, "released before creating");
-    assert_eq!(s.chunks_moved, 0);
-    // The released pages held blocks freed on stream A alone: waiting for A covers them.
-    assert_eq!(order.events()[seen..], [OrderEvent::Sync(A.id())]);
-    r.check_invariants().unwrap();
 }
 
 #[test]
