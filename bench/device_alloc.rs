@@ -468,6 +468,7 @@ fn mixed_sizes(c: &Ctx, quick: bool) -> carve::Result<Table> {
 /// takes its class's straight-line path), against the slab of that block size in the same run:
 /// what the general heap's class lookup and header cost a single class.
 fn per_class(c: &Ctx, quick: bool) -> carve::Result<Table> {
+    use carve_kernels::size_class::{class_of, class_size};
     let mut table = Table::new(
         "device_alloc, one class at a time: carve_malloc / carve_free of one size against \
          carve_slab_alloc / carve_slab_free of that block size (G requests/s; median of 5)",
@@ -492,14 +493,17 @@ fn per_class(c: &Ctx, quick: bool) -> carve::Result<Table> {
         .and_then(|v| v.first().copied())
         .unwrap_or(22);
     for bytes in sizes {
-        if !bytes.is_power_of_two() || bytes < 16 {
+        // A class's own size, so that both heaps hand out blocks of exactly `bytes`.
+        let class = u32::try_from(bytes).ok().and_then(class_of);
+        if class.is_none_or(|k| class_size(k) as u64 != bytes) {
             return Err(carve::Error::InvalidArgument(format!(
-                "CARVE_DEVICE_ALLOC_CLASS_BYTES: {bytes} is not a power of two of at least 16"
+                "CARVE_DEVICE_ALLOC_CLASS_BYTES: {bytes} is not the size of a class \
+                 (16, 32, 48, 64, 80, 96, 112, 128, 160, ... 65536)"
             )));
         }
         // Every one of the 44 classes gets the bytes this size needs (equal strides), so N
         // shrinks with the size to keep the heap under 44 GiB.
-        let log_n = (29 - bytes.trailing_zeros()).min(max_log_n);
+        let log_n = (29 - bytes.next_power_of_two().trailing_zeros()).min(max_log_n);
         let n = 1u64 << log_n;
         let per_class = (n * bytes * 2).next_power_of_two();
         let out = DeviceVec::<u64>::zeroed(n as usize, &c.stream, c.mr.clone())?;

@@ -87,7 +87,10 @@ impl GeneralHeader {
         (c < self.nclasses).then_some(c)
     }
 
-    /// Class `c`'s slab segment handle (`c < nclasses`).
+    /// Class `c`'s slab segment handle (`c < nclasses`): the head of its chain.
+    ///
+    /// Loaded from `classes[c]`, not computed from `base`: a class that grew between launches
+    /// has its newest segment at the head, so that allocations try it first.
     ///
     /// # Safety
     /// `self` is a formatted header whose class segments stay valid for `'a`.

@@ -32,6 +32,7 @@
 //! Every access to heap memory goes through the addresses in the [`HeapHandle`].
 
 use crate::chain::{self, SegmentAlloc};
+use crate::exact_div::exact_quotient;
 use crate::heap_layout::*;
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use crate::warp::{lowest_set_bits, nth_set_bit, rank_in, Warp};
@@ -706,14 +707,6 @@ impl<'a> Slab<'a> {
         self.counter(COUNTER_FOREIGN_FREES, slot)
             .fetch_add(1, Ordering::Relaxed);
     }
-}
-
-/// `off / size` if `size` divides it: out of line, as only block sizes that are not powers of two
-/// divide.
-#[cold]
-#[inline(never)]
-fn exact_quotient(off: u64, size: u64) -> Option<u64> {
-    off.is_multiple_of(size).then(|| off / size)
 }
 
 /// A block index in `0..cap` from a hint at or past it (a later segment of a chain, a caller's
