@@ -64,17 +64,25 @@ mod tests {
         }
     }
 
-    /// Every class size, offsets around the first blocks, around 2^32 and near the top of the
-    /// range: the same answer as a division.
+    /// Every class size, at and around block boundaries near 0, 2^32, 2^40 and the top of the
+    /// range, and every offset of the first blocks of the small classes: the same answer as a
+    /// division.
     #[test]
     fn matches_division_for_every_class() {
         for c in 0..NUM_CLASSES as u32 {
             let size = class_size(c) as u64;
             let mut offs = std::vec::Vec::new();
+            if size <= 4096 {
+                offs.extend(0..3 * size + 2);
+            }
             for base in [0u64, 1 << 32, (1 << 40) + 5, u64::MAX - 3 * size] {
                 let first = base - base % size;
-                for d in 0..3 * size + 2 {
-                    offs.push(first.wrapping_add(d));
+                for j in 0..3 {
+                    let at = first + j * size;
+                    for d in [0, 1, 2, 16, size / 2, size - 16, size - 1] {
+                        offs.push(at.wrapping_add(d));
+                    }
+                    offs.push(at.wrapping_sub(1));
                 }
             }
             for off in offs {
