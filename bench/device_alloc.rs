@@ -14,6 +14,8 @@ use cudarc::driver::{result, sys};
 
 use super::table::Table;
 
+mod floor;
+
 const RUNS: usize = 5;
 /// Largest heap the benchmark reserves.
 const MAX_HEAP: u64 = 40 << 30;
@@ -226,6 +228,9 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
     if std::env::var_os("CARVE_DEVICE_ALLOC_CLASS_ONLY").is_some_and(|v| v == "1") {
         return Ok(vec![per_class(&c, quick)?]);
     }
+    if std::env::var_os("CARVE_DEVICE_ALLOC_FLOOR_ONLY").is_some_and(|v| v == "1") {
+        return Ok(vec![floor::table(&c, quick)?]);
+    }
     let props = c.dev.properties()?;
     table.note(format!(
         "device: {}, {} SMs. Slab heaps hold 1.5 N blocks (or N / 0.9 for the 90 % column), \
@@ -325,8 +330,9 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
         return Ok(vec![table]);
     }
     let mixed = mixed_sizes(&c, quick)?;
+    let floor = floor::table(&c, quick)?;
     let classes = per_class(&c, quick)?;
-    Ok(vec![table, mixed, classes])
+    Ok(vec![table, mixed, floor, classes])
 }
 
 /// The rate of `alloc`, a launch of `n` requests into `arena` timed with `time` (the arena reset

@@ -101,6 +101,16 @@ impl<'a> HeapKernels<'a> {
         general_free_bench => "carve_bench_general_free"(heap: u64, ptrs: u64, n: u64)
     );
     launcher!(
+        /// Floor of the mixed-size bench: the class groups' reservation `fetch_add` (and, with
+        /// `claim`, their Acquire `fetch_or`) on bare arrays (see `kernels/src/test_floor.rs`).
+        floor_malloc => "carve_bench_floor_malloc"(counts: u64, words: u64, out: u64, n: u64, max: u64, seed: u32, shards_log2: u32, claim: u32)
+    );
+    launcher!(
+        /// Floor of the mixed-size bench's frees: each group's Release `fetch_and` and count
+        /// `fetch_sub` on the arrays [`HeapKernels::floor_malloc`] used.
+        floor_free => "carve_bench_floor_free"(counts: u64, words: u64, out: u64, n: u64)
+    );
+    launcher!(
         /// Baseline: thread `i < n` calls CUDA's in-kernel `malloc` for a hashed size over
         /// `16..=max` bytes into `out[i]`.
         cuda_malloc_mixed => "carve_bench_malloc_mixed"(out: u64, n: u64, max: u64, seed: u32)
