@@ -2,8 +2,7 @@
 //! (`kernels/src/test_floor.rs`), timed like the heap rows.
 
 use carve::DeviceVec;
-use carve_kernels::general::bench_request_size;
-use carve_kernels::size_class::{class_of, NUM_CLASSES};
+use carve_kernels::size_class::NUM_CLASSES;
 
 use super::{rate, time_alloc_free, Ctx};
 use crate::bench::table::Table;
@@ -31,10 +30,9 @@ pub(super) fn table(c: &Ctx, quick: bool) -> carve::Result<Table> {
     };
     for &(log_n, max, shards_log2) in grid {
         let n = 1u64 << log_n;
-        debug_assert!((0..n.min(1 << 16))
-            .all(|i| class_of(bench_request_size(i, SEED, max) as u32).is_some()));
         let slots = (NUM_CLASSES + 1) << shards_log2;
         let counts = DeviceVec::<u32>::zeroed(slots, &c.stream, c.mr.clone())?;
+        // 64 words per shard (`FLOOR_WORDS_LOG2` in the kernels).
         let words = DeviceVec::<u64>::zeroed(slots << 6, &c.stream, c.mr.clone())?;
         let out = DeviceVec::<u64>::zeroed(n as usize, &c.stream, c.mr.clone())?;
         let k = &c.kernels();
@@ -42,7 +40,10 @@ pub(super) fn table(c: &Ctx, quick: bool) -> carve::Result<Table> {
         // SAFETY: `counts` and `words` hold a shard's entries for every class index a request
         // maps to (NUM_CLASSES + 1 with the no-class key), `out` n u64s; all outlive the row.
         let alloc = |claim| {
-            move || unsafe { k.floor_malloc(n, cp, wp, op, n, max, SEED, shards_log2, claim) }
+            move || {
+                // SAFETY: as above.
+                unsafe { k.floor_malloc(n, cp, wp, op, n, max, SEED, shards_log2, claim) }
+            }
         };
         // SAFETY: as above.
         let free = || unsafe { k.floor_free(n, cp, wp, op, n) };
