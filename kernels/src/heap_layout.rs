@@ -190,18 +190,17 @@ pub struct SlabGeometry {
     pub shard_words_log2: u32,
 }
 
-/// Shards of at most 16 words (1024 blocks) and at most 4096 shards for big heaps: enough
-/// counters that warps rarely meet on one, few enough that `stats` copies little. Shards of 64
-/// words measured slower on the H100 (BENCHMARKS.md, twelfth session): mixed sizes at 2^22
-/// 16.5 / 31.4 G/s against 17.8 / 33.4, one class of 1 KiB at 2^19 40.7 / 43.0 against
-/// 49.1 / 59.8.
+/// Shards of at most 4 words (256 blocks) and at most 4096 shards for big heaps: enough
+/// counters that warps rarely meet on one, few enough that `stats` copies little. Larger shards
+/// measured slower on the H100 (BENCHMARKS.md, twelfth session): mixed sizes at 2^22, 14.3 /
+/// 29.6 G/s with 64 words, 16.2 / 31.3 with 16, 18.3 / 35.1 with 8, 18.2 / 36.1 with 4.
 pub fn slab_geometry(capacity: u64) -> Option<SlabGeometry> {
     let nwords = capacity.div_ceil(64);
     if nwords == 0 || nwords > u32::MAX as u64 {
         return None;
     }
     let mut log2 = 0u32;
-    while log2 < 4 && (nwords >> (log2 + 1)) >= 16 {
+    while log2 < 2 && (nwords >> (log2 + 1)) >= 16 {
         log2 += 1;
     }
     while nwords.div_ceil(1 << log2) > 4096 {
