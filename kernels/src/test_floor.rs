@@ -6,8 +6,8 @@
 //! `fetch_and` and a `fetch_sub`. These kernels make the same atomics on bare arrays (a count
 //! per shard of each class, with a given number of shards per class, and 64 words per shard),
 //! for the sizes the mixed bench asks, and nothing else: no header, no handle, no retry, no
-//! exhaustion. What they run at
-//! bounds what any design that takes one reservation and one claim per class group can reach.
+//! exhaustion. What they run at bounds what any design that takes one reservation and one claim
+//! per class group can reach.
 
 use crate::general::{bench_request_size, request_class};
 use crate::nvptx::{self, NvptxWarp};
@@ -64,7 +64,9 @@ pub unsafe extern "ptx-kernel" fn carve_bench_floor_malloc(
             }
         }
     }
-    let pos = w.shfl(active, old, leader) + rank_in(group, w.lane());
+    let pos = w
+        .shfl(active, old, leader)
+        .wrapping_add(rank_in(group, w.lane()));
     // SAFETY: i < n.
     unsafe {
         out.add(i as usize)
