@@ -76,7 +76,7 @@ pub unsafe extern "ptx-kernel" fn carve_bench_floor_malloc(
 
 /// The free side of [`carve_bench_floor_malloc`]: thread `i < n` reads `out[i]`; the lanes of
 /// one shard form a group, whose leader clears the group's bits with a Release `fetch_and`
-/// and subtracts the group's size from the shard's count.
+/// and subtracts the bits it cleared from the shard's count, as the slab's free does.
 ///
 /// # Safety
 /// As for [`carve_bench_floor_malloc`], after it wrote `out`.
@@ -103,12 +103,11 @@ pub unsafe extern "ptx-kernel" fn carve_bench_floor_free(
         let bits = (u64::MAX >> (64 - group.count_ones())) << (pos & 63);
         // SAFETY: the caller's contract: `word` indexes `words` and `shard` indexes `counts`.
         let a = unsafe { &*(words.add(word) as *const AtomicU64) };
-        let freed = w
-            .fetch_and_release(a, !bits)
-            .count_ones()
-            .min(group.count_ones());
-        // SAFETY: as above.
-        let c = unsafe { &*(counts.add(shard as usize) as *const AtomicU32) };
-        c.fetch_sub(freed.max(1), Ordering::Relaxed);
+        let freed = (w.fetch_and_release(a, !bits) & bits).count_ones();
+        if freed > 0 {
+            // SAFETY: as above.
+            let c = unsafe { &*(counts.add(shard as usize) as *const AtomicU32) };
+            c.fetch_sub(freed, Ordering::Relaxed);
+        }
     }
 }
