@@ -113,6 +113,11 @@ impl<'a> Slab<'a> {
         self.h
     }
 
+    /// The handle in the region (the one [`Slab::with_copy`] was given as `home`).
+    pub(crate) fn home(&self) -> &'a HeapHandle {
+        self.home
+    }
+
     #[inline(always)]
     fn word(&self, i: u32) -> &'a AtomicU64 {
         debug_assert!(i < self.h.nwords);
