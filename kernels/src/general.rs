@@ -134,6 +134,21 @@ pub unsafe fn malloc<W: Warp>(g: &GeneralHeader, warp: &W, bytes: u64, seed: u32
     unsafe { malloc_mixed(g, warp, active, (class, group), seed) }
 }
 
+/// A register copy of `h`: on the GPU, read-only vector loads (`ld.global.nc`), which the
+/// handle allows because nothing writes it while kernels run.
+///
+/// # Safety
+/// `h` is a formatted slab handle in a heap region carve keeps alive.
+#[inline(always)]
+unsafe fn copy_handle(h: &HeapHandle) -> HeapHandle {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: a handle sits at the 16-byte aligned start of its segment, in global memory, and
+    // is read-only while kernels run.
+    return unsafe { crate::nvptx::read_handle(h) };
+    #[cfg(not(target_arch = "nvptx64"))]
+    *h
+}
+
 /// [`malloc`] for lanes of several classes (`group`: the lanes of this lane's `class`).
 ///
 /// The fast step's collectives name all of `active`. A collective whose mask differs between
@@ -167,7 +182,8 @@ unsafe fn malloc_mixed<W: Warp>(
     // (its Acquire keeps later loads after it).
     // SAFETY: forwarded contract; `class < nclasses`.
     let home = (class < g.nclasses).then(|| unsafe { g.class_handle(class) });
-    let copy = home.map_or(HeapHandle::zeroed(), |h| *h);
+    // SAFETY: `home` is a formatted slab handle.
+    let copy = home.map_or(HeapHandle::zeroed(), |h| unsafe { copy_handle(h) });
     // SAFETY: `copy` is a copy of the formatted slab handle `home`.
     let slab = home.map(|h| unsafe { Slab::with_copy(&copy, h) });
     let (mut hint, mut shard) = (0, 0);

@@ -371,7 +371,7 @@ pub unsafe fn load_handle(heap: *const HeapHandle, tag: u64) -> Option<HeapHandl
 /// `heap` is the device address of 128 bytes of global memory, 16-byte aligned, that nothing
 /// writes while the kernel runs.
 #[inline(always)]
-unsafe fn read_handle(heap: *const HeapHandle) -> HeapHandle {
+pub(crate) unsafe fn read_handle(heap: *const HeapHandle) -> HeapHandle {
     let g = global_address(heap as u64);
     // SAFETY: the caller's contract; the handle is 128 bytes, 16-byte aligned.
     let [(magic_kind, block_size), (capacity, data), (counters, shard_used), (shard_peak, words), (w64, w72), (w80, next)] =
