@@ -2,6 +2,7 @@
 //! (`kernels/src/test_floor.rs`), timed like the heap rows.
 
 use carve::DeviceVec;
+use carve_kernels::general::FLOOR_WORDS_LOG2;
 use carve_kernels::size_class::NUM_CLASSES;
 
 use super::{rate, time_alloc_free, Ctx};
@@ -32,8 +33,7 @@ pub(super) fn table(c: &Ctx, quick: bool) -> carve::Result<Table> {
         let n = 1u64 << log_n;
         let slots = (NUM_CLASSES + 1) << shards_log2;
         let counts = DeviceVec::<u32>::zeroed(slots, &c.stream, c.mr.clone())?;
-        // 64 words per shard (`FLOOR_WORDS_LOG2` in the kernels).
-        let words = DeviceVec::<u64>::zeroed(slots << 6, &c.stream, c.mr.clone())?;
+        let words = DeviceVec::<u64>::zeroed(slots << FLOOR_WORDS_LOG2, &c.stream, c.mr.clone())?;
         let out = DeviceVec::<u64>::zeroed(n as usize, &c.stream, c.mr.clone())?;
         let k = &c.kernels();
         let (cp, wp, op) = (counts.as_ptr(), words.as_ptr(), out.as_ptr());

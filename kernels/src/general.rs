@@ -371,6 +371,10 @@ pub fn test_request_size(i: u64, seed: u32) -> u64 {
     16 + 4 * (mix(i, seed) % 1021)
 }
 
+/// log2 of the bitmap words per shard (64: 4096 blocks) in the arrays of the mixed-size
+/// benchmark's floor kernels, which the host sizes.
+pub const FLOOR_WORDS_LOG2: u32 = 6;
+
 /// The request size of thread `i` in the mixed-size benchmarks: a hash of `i` and `seed`,
 /// uniform over `16..=max` bytes (`max >= 16`).
 #[inline(always)]

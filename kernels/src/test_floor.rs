@@ -9,13 +9,16 @@
 //! exhaustion. What they run at bounds what any design that takes one reservation and one claim
 //! per class group can reach.
 
-use crate::general::{bench_request_size, request_class};
+use crate::general::{bench_request_size, request_class, FLOOR_WORDS_LOG2};
 use crate::nvptx::{self, NvptxWarp};
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use crate::warp::{rank_in, Warp};
 
-/// Bitmap words per shard of the floor arrays (4096 blocks).
-pub const FLOOR_WORDS_LOG2: u32 = 6;
+/// The index in the floor's `words` of the word that holds position `pos` of `shard`.
+#[inline(always)]
+fn word_of(shard: u32, pos: u32) -> usize {
+    ((shard as usize) << FLOOR_WORDS_LOG2) + ((pos >> 6) as usize & ((1 << FLOOR_WORDS_LOG2) - 1))
+}
 
 /// Thread `i < n` asks for `bench_request_size(i, seed, max)` bytes; the lanes of one class
 /// form a group, whose leader adds the group's size to the count of its class's shard (picked
@@ -53,8 +56,7 @@ pub unsafe extern "ptx-kernel" fn carve_bench_floor_malloc(
         let c = unsafe { &*(counts.add(shard as usize) as *const AtomicU32) };
         old = c.fetch_add(group.count_ones(), Ordering::Relaxed);
         if claim != 0 {
-            let at = (old >> 6) & ((1 << FLOOR_WORDS_LOG2) - 1);
-            let word = ((shard as usize) << FLOOR_WORDS_LOG2) + at as usize;
+            let word = word_of(shard, old);
             let bits = (u64::MAX >> (64 - group.count_ones())) << (old & 63);
             // SAFETY: as above: `word` indexes `words`.
             let a = unsafe { &*(words.add(word) as *const AtomicU64) };
@@ -99,7 +101,7 @@ pub unsafe extern "ptx-kernel" fn carve_bench_floor_free(
     let group = w.match_any(active, shard as u64);
     if w.lane() == group.trailing_zeros() {
         let pos = v as u32;
-        let word = ((shard as usize) << FLOOR_WORDS_LOG2) + ((pos >> 6) as usize & 63);
+        let word = word_of(shard, pos);
         let bits = (u64::MAX >> (64 - group.count_ones())) << (pos & 63);
         // SAFETY: the caller's contract: `word` indexes `words` and `shard` indexes `counts`.
         let a = unsafe { &*(words.add(word) as *const AtomicU64) };
