@@ -231,6 +231,9 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
     if std::env::var_os("CARVE_DEVICE_ALLOC_FLOOR_ONLY").is_some_and(|v| v == "1") {
         return Ok(vec![floor::table(&c, quick)?]);
     }
+    if std::env::var_os("CARVE_DEVICE_ALLOC_MIXED_ONLY").is_some_and(|v| v == "1") {
+        return Ok(vec![mixed_sizes(&c, quick)?]);
+    }
     let props = c.dev.properties()?;
     table.note(format!(
         "device: {}, {} SMs. Slab heaps hold 1.5 N blocks (or N / 0.9 for the 90 % column), \
@@ -386,13 +389,17 @@ fn mixed_sizes(c: &Ctx, quick: bool) -> carve::Result<Table> {
             "CUDA free",
         ],
     );
-    let grid: &[(u32, u64)] = if quick {
-        &[(16, 4096)]
-    } else {
-        &[(16, 4096), (20, 4096), (22, 4096), (16, 65536), (20, 65536)]
+    // CARVE_DEVICE_ALLOC_MIXED=22,20: only those N (log2), over both size ranges.
+    let grid: Vec<(u32, u64)> = match env_list::<u32>("CARVE_DEVICE_ALLOC_MIXED") {
+        Some(ns) => [4096, 65536]
+            .iter()
+            .flat_map(|&m| ns.iter().map(move |&n| (n, m)))
+            .collect(),
+        None if quick => vec![(16, 4096)],
+        None => vec![(16, 4096), (20, 4096), (22, 4096), (16, 65536), (20, 65536)],
     };
     const SEED: u32 = 1;
-    for &(log_n, max) in grid {
+    for &(log_n, max) in &grid {
         let n = 1u64 << log_n;
         let mut blocks = vec![0u64; NUM_CLASSES];
         for i in 0..n {
