@@ -188,7 +188,7 @@ unsafe fn malloc_mixed<W: Warp>(
     let slab = home.map(|h| unsafe { Slab::with_copy(&copy, h) });
     let (mut hint, mut shard) = (0, 0);
     if let Some(s) = slab {
-        hint = slab::group_hint(seed, s.handle().capacity);
+        hint = slab::group_hint(seed, s.capacity());
         shard = s.shard_of(hint);
     }
     let (mut take, mut won, mut extra) = (0, 0, 0);

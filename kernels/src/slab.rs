@@ -108,9 +108,11 @@ impl<'a> Slab<'a> {
         }
     }
 
-    /// The handle.
-    pub fn handle(&self) -> &'a HeapHandle {
-        self.h
+    /// Blocks in this segment. Only fields are handed out, never the handle: on the GPU it may
+    /// be a register copy ([`Slab::with_copy`]), which a reference passed to an out-of-line
+    /// function would move to local memory.
+    pub fn capacity(&self) -> u64 {
+        self.h.capacity
     }
 
     /// The handle in the region (the one [`Slab::with_copy`] was given as `home`).
