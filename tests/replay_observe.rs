@@ -36,6 +36,7 @@ fn args(log: &Path, kinds: &[ResourceKind]) -> ReplayArgs {
         maximum_size: None,
         block_size: None,
         headroom: None,
+        mark_every_free: false,
         large_upstream: LargeUpstream::Pool,
         simulate_capacity: Some(1 << 30),
         passes: 1,

@@ -39,6 +39,10 @@ pub struct ReplayArgs {
     /// create chunks rather than move free pages; default 0.05.
     #[arg(long)]
     pub headroom: Option<f64>,
+    /// Virtual and expandable: while several streams allocate, mark every free and hand blocks
+    /// to every stream once the device is past them (less memory, slower frees).
+    #[arg(long)]
+    pub mark_every_free: bool,
     /// Binning: where requests above the largest bin go.
     #[arg(long, value_enum, default_value_t = LargeUpstream::Pool)]
     pub large_upstream: LargeUpstream,
@@ -91,6 +95,7 @@ impl ReplayArgs {
             maximum_size: self.maximum_size,
             block_size: self.block_size,
             headroom: self.headroom,
+            mark_every_free: self.mark_every_free,
             large_upstream: self.large_upstream,
             simulate_capacity: self.simulate_capacity,
         }

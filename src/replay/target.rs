@@ -82,6 +82,8 @@ pub struct ResourceOptions {
     pub block_size: Option<usize>,
     /// Expandable: the headroom ([`ExpandableOptions::headroom`]).
     pub headroom: Option<f64>,
+    /// Virtual and expandable: [`ExpandableOptions::mark_every_free`].
+    pub mark_every_free: bool,
     /// Binning: where requests above the largest bin go.
     pub large_upstream: LargeUpstream,
     /// Replay over address-only memory of this many bytes instead of a device.
@@ -98,6 +100,7 @@ impl ResourceOptions {
             maximum_size: None,
             block_size: None,
             headroom: None,
+            mark_every_free: false,
             large_upstream: LargeUpstream::Pool,
             simulate_capacity: None,
         }
@@ -325,6 +328,7 @@ fn virtual_options(opts: &ResourceOptions) -> VirtualOptions {
     VirtualOptions {
         maximum: opts.maximum_size,
         chunk_size: opts.block_size,
+        mark_every_free: opts.mark_every_free,
         ..VirtualOptions::default()
     }
 }
@@ -336,6 +340,7 @@ fn expandable_options(opts: &ResourceOptions) -> ExpandableOptions {
         maximum: opts.maximum_size,
         large_chunk: opts.block_size,
         headroom: opts.headroom,
+        mark_every_free: opts.mark_every_free,
         ..ExpandableOptions::default()
     }
 }
@@ -445,9 +450,10 @@ fn counted_suballocator<U: crate::resource::MemoryResource + 'static>(
             if let Some(o) = &order {
                 let c = o.counts();
                 line += &format!(
-                    "; ordering: {} mark(s), {} wait(s), {} device and {} stream \
-                     synchronisation(s) ({})",
+                    "; ordering: {} mark(s), {} query(ies), {} wait(s), {} device and {} \
+                     stream synchronisation(s) ({})",
                     c.marks,
+                    c.queries,
                     c.waits,
                     c.device_synchronizations,
                     c.stream_synchronizations,

@@ -37,6 +37,15 @@ pub trait StreamOrder: Send + Sync + fmt::Debug {
     /// the caller; `signaller` may have been destroyed, so only its id is given.
     fn wait_for_mark(&self, waiter: StreamRef<'_>, signaller: StreamId) -> Result<()>;
 
+    /// Whether the work `signaller` had queued at its last [`mark`](Self::mark) is done, without
+    /// blocking (`cuEventQuery`); false if it was never marked. Then blocks freed on
+    /// `signaller` before that mark may go to any stream with no wait. The default never
+    /// knows, which is always safe.
+    fn mark_complete(&self, signaller: StreamId) -> Result<bool> {
+        let _ = signaller;
+        Ok(false)
+    }
+
     /// Blocks the calling thread until all work queued so far on every stream of the device is
     /// done, naming no stream.
     fn synchronize_all(&self) -> Result<()>;
@@ -58,6 +67,9 @@ impl StreamOrder for HostOrder {
     fn wait_for_mark(&self, _waiter: StreamRef<'_>, _signaller: StreamId) -> Result<()> {
         Ok(())
     }
+    fn mark_complete(&self, _signaller: StreamId) -> Result<bool> {
+        Ok(true)
+    }
     fn synchronize_all(&self) -> Result<()> {
         Ok(())
     }
@@ -71,6 +83,8 @@ impl StreamOrder for HostOrder {
 #[derive(Debug, Default)]
 pub struct RecordingOrder {
     log: Mutex<Vec<OrderEvent>>,
+    /// Marks are never complete (see [`RecordingOrder::pending`]).
+    pending: bool,
 }
 
 /// One request seen by [`RecordingOrder`].
@@ -85,6 +99,8 @@ pub enum OrderEvent {
         /// The stream whose mark it waits on.
         signaller: StreamId,
     },
+    /// `mark_complete(signaller)`.
+    Query(StreamId),
     /// `synchronize_all()`.
     SyncAll,
     /// `synchronize(stream)`.
@@ -92,9 +108,17 @@ pub enum OrderEvent {
 }
 
 impl RecordingOrder {
-    /// An empty log.
+    /// An empty log; every mark is complete, as on a device with no work queued.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty log; no mark is ever complete, as on a device far behind the host.
+    pub fn pending() -> Self {
+        RecordingOrder {
+            pending: true,
+            ..Self::default()
+        }
     }
 
     /// Everything requested so far.
@@ -127,6 +151,10 @@ impl StreamOrder for RecordingOrder {
         }
         Ok(())
     }
+    fn mark_complete(&self, signaller: StreamId) -> Result<bool> {
+        self.push(OrderEvent::Query(signaller));
+        Ok(!self.pending)
+    }
     fn synchronize_all(&self) -> Result<()> {
         self.push(OrderEvent::SyncAll);
         Ok(())
@@ -143,6 +171,7 @@ impl StreamOrder for RecordingOrder {
 pub struct CountingOrder {
     inner: Arc<dyn StreamOrder>,
     marks: AtomicU64,
+    queries: AtomicU64,
     waits: AtomicU64,
     device_syncs: AtomicU64,
     stream_syncs: AtomicU64,
@@ -154,6 +183,8 @@ pub struct CountingOrder {
 pub struct OrderCounts {
     /// `mark`s (an event record each, on a GPU).
     pub marks: u64,
+    /// `mark_complete`s (an event query each, on a GPU).
+    pub queries: u64,
     /// `wait_for_mark`s between distinct streams (a `cuStreamWaitEvent` each, or a device
     /// synchronisation for a stream never marked).
     pub waits: u64,
@@ -171,6 +202,7 @@ impl CountingOrder {
         CountingOrder {
             inner,
             marks: AtomicU64::new(0),
+            queries: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             device_syncs: AtomicU64::new(0),
             stream_syncs: AtomicU64::new(0),
@@ -182,6 +214,7 @@ impl CountingOrder {
     pub fn counts(&self) -> OrderCounts {
         OrderCounts {
             marks: self.marks.load(Ordering::Relaxed),
+            queries: self.queries.load(Ordering::Relaxed),
             waits: self.waits.load(Ordering::Relaxed),
             device_synchronizations: self.device_syncs.load(Ordering::Relaxed),
             stream_synchronizations: self.stream_syncs.load(Ordering::Relaxed),
@@ -201,6 +234,10 @@ impl StreamOrder for CountingOrder {
         }
         self.clock
             .time(|| self.inner.wait_for_mark(waiter, signaller))
+    }
+    fn mark_complete(&self, signaller: StreamId) -> Result<bool> {
+        self.queries.fetch_add(1, Ordering::Relaxed);
+        self.clock.time(|| self.inner.mark_complete(signaller))
     }
     fn synchronize_all(&self) -> Result<()> {
         self.device_syncs.fetch_add(1, Ordering::Relaxed);
@@ -257,6 +294,14 @@ impl StreamOrder for CudaOrder {
                 drop(events);
                 self.synchronize_all()
             }
+        }
+    }
+
+    fn mark_complete(&self, signaller: StreamId) -> Result<bool> {
+        let events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        match events.get(&signaller) {
+            Some(e) => e.is_complete(),
+            None => Ok(false),
         }
     }
 
@@ -428,6 +473,7 @@ mod tests {
             counts,
             OrderCounts {
                 marks: count(|e| matches!(e, OrderEvent::Mark(_))),
+                queries: count(|e| matches!(e, OrderEvent::Query(_))),
                 waits: count(|e| matches!(e, OrderEvent::Wait { .. })),
                 device_synchronizations: count(|e| matches!(e, OrderEvent::SyncAll)),
                 stream_synchronizations: count(|e| matches!(e, OrderEvent::Sync(_))),

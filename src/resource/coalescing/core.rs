@@ -17,6 +17,15 @@
 //! synchronisation, which turns every free block into an *any* block. So the pool never names a
 //! stream to the driver outside a call on that stream: streams may be destroyed while blocks
 //! freed on them sit in the pool.
+//!
+//! **Marking every free** (opt-in, [`PoolCore::marking_every_free`]). While another stream has
+//! allocated from the pool lately ([`SHARED_WINDOW`]), every free marks its stream, and each
+//! allocation asks the driver, without blocking, whether other streams' last marks are done;
+//! once one is, that stream's sealed blocks become *any* blocks and merge with their
+//! neighbours. Streams then reuse each other's memory as soon as the device is past it, with
+//! neither a wait nor a synchronisation, at the cost of an event record per free (RMM's
+//! choice). On six PyTorch training traces it lowered the expandable pool's peak to 1.01–1.05×
+//! and made later passes 2–3× slower (BENCHMARKS.md, 2026-11-26, fifteenth session).
 
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
@@ -86,6 +95,14 @@ impl FreeLinks for Vec<Node> {
     }
 }
 
+/// With [`PoolCore::marking_every_free`], a free is marked while another stream has allocated from
+/// the pool within this many allocations.
+pub(crate) const SHARED_WINDOW: u64 = 4096;
+
+/// Allocations to let pass before asking again whether a stream's mark is done, after the
+/// driver said it was not.
+const QUERY_EVERY: u64 = 64;
+
 /// A stream's two bins: fresh is `2 * tag + 1`, sealed `2 * tag + 2`.
 #[derive(Clone, Copy, Debug)]
 struct Tag {
@@ -93,6 +110,12 @@ struct Tag {
     frees_since_mark: u32,
     /// `PoolCore::demand` at this stream's last mark.
     demand_seen: u64,
+    /// `PoolCore::allocs` at this stream's last allocation (0: none yet).
+    last_alloc: u64,
+    /// Sealed blocks wait for the driver to confirm this stream's last mark.
+    unconfirmed: bool,
+    /// `PoolCore::allocs` before which that is not asked again.
+    query_at: u64,
 }
 
 #[inline]
@@ -120,8 +143,9 @@ pub(crate) struct EmptyChunk {
 pub(crate) struct Freed {
     /// The block's chunk, if it is now wholly free.
     pub empty: Option<EmptyChunk>,
-    /// The stream is due a mark (then call [`PoolCore::seal`]): [`MARK_EVERY`] frees since
-    /// its last, and some stream ran short of its own blocks since.
+    /// The stream is due a mark (then call [`PoolCore::seal`]): [`MARK_EVERY`] frees since its
+    /// last and some stream ran short of its own blocks since, or at every free while streams
+    /// share a pool that [marks every free](PoolCore::marking_every_free).
     pub mark_due: bool,
 }
 
@@ -140,6 +164,13 @@ pub(crate) struct PoolCore {
     demand: u64,
     pool_size: usize,
     in_use: usize,
+    /// Mark every free while streams share the pool (see the module's "Marking every free").
+    mark_every_free: bool,
+    /// Allocations through [`allocate_from`] while marking every free, the clock of
+    /// [`Tag::query_at`] and [`Tag::last_alloc`].
+    allocs: u64,
+    /// Some stream may have [`Tag::unconfirmed`] sealed blocks.
+    unconfirmed: bool,
     /// The candidates of a placed search ([`PoolCore::take_placed`]), kept to save an
     /// allocation per search.
     candidates: Vec<u32>,
@@ -158,7 +189,21 @@ impl Default for PoolCore {
             demand: 0,
             pool_size: 0,
             in_use: 0,
+            mark_every_free: false,
+            allocs: 0,
+            unconfirmed: false,
             candidates: Vec::new(),
+        }
+    }
+}
+
+impl PoolCore {
+    /// An empty index that marks every free while streams share it, if `on` (see the module's
+    /// "Marking every free").
+    pub fn marking_every_free(on: bool) -> Self {
+        PoolCore {
+            mark_every_free: on,
+            ..Self::default()
         }
     }
 }
@@ -358,7 +403,9 @@ impl PoolCore {
         }
         for tag in &mut self.tags {
             tag.frees_since_mark = 0;
+            tag.unconfirmed = false;
         }
+        self.unconfirmed = false;
     }
 
     /// After a mark on `stream`: its fresh blocks become sealed.
@@ -369,8 +416,44 @@ impl PoolCore {
             self.unfile(n);
             self.file(n, sealed);
         }
-        self.tags[t].frees_since_mark = 0;
-        self.tags[t].demand_seen = self.demand;
+        let tag = &mut self.tags[t];
+        tag.frees_since_mark = 0;
+        tag.demand_seen = self.demand;
+        if self.mark_every_free && !self.bins[sealed as usize].is_empty() {
+            tag.unconfirmed = true;
+            self.unconfirmed = true;
+        }
+    }
+
+    /// Hands to every stream the sealed blocks of each other stream than `stream` whose last
+    /// mark `done` confirms (a driver query each, at most once per [`QUERY_EVERY`] allocations
+    /// per stream while the answer is no). Their neighbours merge.
+    fn release_confirmed(&mut self, stream: StreamId, mut done: impl FnMut(StreamId) -> bool) {
+        let mut left = false;
+        for t in 0..self.tags.len() {
+            let tag = self.tags[t];
+            if !tag.unconfirmed {
+                continue;
+            }
+            let sealed = sealed_bin(t);
+            if self.bins[sealed as usize].is_empty() {
+                self.tags[t].unconfirmed = false;
+                continue;
+            }
+            if tag.stream == stream || self.allocs < tag.query_at || !done(tag.stream) {
+                if tag.stream != stream && self.allocs >= tag.query_at {
+                    self.tags[t].query_at = self.allocs + QUERY_EVERY;
+                }
+                left = true;
+                continue;
+            }
+            while let Some(n) = self.bins[sealed as usize].find(1) {
+                self.unfile(n);
+                self.coalesce_into(n, ANY);
+            }
+            self.tags[t].unconfirmed = false;
+        }
+        self.unconfirmed = left;
     }
 
     /// Records that a stream found too few blocks of its own (see [`Freed::mark_due`]).
@@ -404,12 +487,18 @@ impl PoolCore {
         let t = self.tag(stream);
         let n = self.coalesce_into(n, fresh_bin(t));
         let demand = self.demand;
+        let now = self.allocs;
+        let shared = self.mark_every_free
+            && self.tags.len() > 1
+            && self.tags.iter().any(|o| {
+                o.stream != stream && o.last_alloc != 0 && now - o.last_alloc < SHARED_WINDOW
+            });
         let tag = &mut self.tags[t];
         tag.frees_since_mark += 1;
-        let mut mark_due = false;
+        let mut mark_due = shared;
         if tag.frees_since_mark >= MARK_EVERY {
             // Mark only if some stream ran short since the last mark; else start counting again.
-            mark_due = tag.demand_seen != demand;
+            mark_due |= tag.demand_seen != demand;
             tag.frees_since_mark = 0;
         }
         let node = &self.nodes[n as usize];
@@ -446,6 +535,9 @@ impl PoolCore {
             stream,
             frees_since_mark: 0,
             demand_seen: self.demand,
+            last_alloc: 0,
+            unconfirmed: false,
+            query_at: 0,
         };
         if self.tags.len() >= 16 {
             let idle = (0..self.tags.len()).find(|&t| {
@@ -782,6 +874,15 @@ pub(crate) fn allocate_from(
     placer: Option<&dyn Placer>,
 ) -> Result<Option<NonNull<u8>>> {
     let id = stream.id();
+    if core.mark_every_free {
+        core.allocs += 1;
+        let t = core.tag(id);
+        core.tags[t].last_alloc = core.allocs;
+        if core.unconfirmed {
+            // A failed query only keeps the blocks sealed: nothing to report.
+            core.release_confirmed(id, |s| order.mark_complete(s).unwrap_or(false));
+        }
+    }
     if let Some(p) = core.take_with(id, bytes, align, placer) {
         return Ok(Some(p));
     }
@@ -959,6 +1060,71 @@ mod tests {
         c.check_invariants().unwrap();
     }
 
+    /// A holds two blocks and B one; B has allocated, so A's frees are marked at once when the
+    /// core marks every free.
+    fn shared_core(every: bool) -> (PoolCore, [usize; 2]) {
+        let mut c = PoolCore::marking_every_free(every);
+        c.add_chunk(1 << 20, 2 * GRAIN, Some(A.id()));
+        c.add_chunk(1 << 21, GRAIN, Some(B.id()));
+        let order = RecordingOrder::new();
+        let mut take = |s| {
+            let p = allocate_from(&mut c, &order, s, GRAIN, GRAIN, Reach::Events, None);
+            p.unwrap().unwrap().as_ptr() as usize
+        };
+        let x = [take(A), take(A)];
+        take(B);
+        (c, x)
+    }
+
+    #[test]
+    fn marking_every_free_hands_a_block_over_once_the_device_is_past_it() {
+        let (mut c, [x, _]) = shared_core(true);
+        let order = RecordingOrder::new();
+        free_into(&mut c, &order, "t", A, x, GRAIN, false).unwrap();
+        assert_eq!(order.events(), vec![OrderEvent::Mark(A.id())]);
+        let p = allocate_from(&mut c, &order, B, GRAIN, GRAIN, Reach::Events, None).unwrap();
+        assert_eq!(p.map(|p| p.as_ptr() as usize), Some(x));
+        assert_eq!(
+            order.events(),
+            vec![OrderEvent::Mark(A.id()), OrderEvent::Query(A.id())],
+            "no wait, no synchronisation"
+        );
+        c.check_invariants().unwrap();
+
+        // Off (the default), the same free is not marked and B cannot reach the block.
+        let (mut c, [x, _]) = shared_core(false);
+        let order = RecordingOrder::new();
+        free_into(&mut c, &order, "t", A, x, GRAIN, false).unwrap();
+        let p = allocate_from(&mut c, &order, B, GRAIN, GRAIN, Reach::Events, None).unwrap();
+        assert!(p.is_none());
+        assert_eq!(order.events(), vec![]);
+    }
+
+    #[test]
+    fn a_mark_the_device_has_not_passed_costs_a_wait_and_is_not_asked_again_at_once() {
+        let (mut c, [x, y]) = shared_core(true);
+        let order = RecordingOrder::pending();
+        let wait = OrderEvent::Wait {
+            waiter: B.id(),
+            signaller: A.id(),
+        };
+        for (p, expected) in [
+            (
+                x,
+                vec![OrderEvent::Mark(A.id()), OrderEvent::Query(A.id()), wait],
+            ),
+            // Within QUERY_EVERY allocations of the answer "not yet": no query.
+            (y, vec![OrderEvent::Mark(A.id()), wait]),
+        ] {
+            let seen = order.events().len();
+            free_into(&mut c, &order, "t", A, p, GRAIN, false).unwrap();
+            let q = allocate_from(&mut c, &order, B, GRAIN, GRAIN, Reach::Events, None).unwrap();
+            assert_eq!(q.map(|q| q.as_ptr() as usize), Some(p));
+            assert_eq!(order.events()[seen..], expected);
+            c.check_invariants().unwrap();
+        }
+    }
+
     #[test]
     fn refuses_foreign_pointers_and_double_frees() {
         let mut c = core_with(4 * GRAIN);
@@ -987,8 +1153,8 @@ mod tests {
         use rand::rngs::SmallRng;
         use rand::{RngExt, SeedableRng};
         let mut rng = SmallRng::seed_from_u64(7);
-        for _ in 0..300 {
-            let mut c = PoolCore::default();
+        for round in 0..600 {
+            let mut c = PoolCore::marking_every_free(round % 2 == 1);
             c.add_chunk(1 << 30, 64 * GRAIN, None);
             let mut live: Vec<(usize, usize, usize)> = vec![];
             for _ in 0..60 {

@@ -207,6 +207,9 @@ impl StreamOrder for SyncCounter {
     fn wait_for_mark(&self, waiter: StreamRef<'_>, signaller: StreamId) -> Result<()> {
         self.inner.wait_for_mark(waiter, signaller)
     }
+    fn mark_complete(&self, signaller: StreamId) -> Result<bool> {
+        self.inner.mark_complete(signaller)
+    }
     fn synchronize_all(&self) -> Result<()> {
         self.clock.time(|| self.inner.synchronize_all())?;
         self.syncs.fetch_add(1, Relaxed);

@@ -40,6 +40,8 @@ pub struct ExpandableOptions {
     /// [`ExpandableOptions::DEFAULT_HEADROOM`].
     /// Zero moves a free page whenever one exists: the least memory, the most driver calls.
     pub headroom: Option<f64>,
+    /// See [`VirtualOptions::mark_every_free`]; off by default.
+    pub mark_every_free: bool,
 }
 
 impl ExpandableOptions {
@@ -58,6 +60,7 @@ impl fmt::Debug for ExpandableOptions {
             .field("small_chunk", &self.small_chunk)
             .field("large_chunk", &self.large_chunk)
             .field("headroom", &self.headroom)
+            .field("mark_every_free", &self.mark_every_free)
             .finish_non_exhaustive()
     }
 }
@@ -174,6 +177,7 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
                 .chunk_size(chunk)
                 .maximum(maximum.max(chunk));
             o.order = options.order.clone();
+            o.mark_every_free = options.mark_every_free;
             VirtualMemoryResource::new(backing.clone(), o)
         };
         let small = range(options.small_chunk.unwrap_or(g))?;
