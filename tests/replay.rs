@@ -635,6 +635,21 @@ fn marking_every_free_lowers_the_peak_across_streams() {
             .unwrap()
     };
     assert!(syncs(&marked) < syncs(&plain), "{marked}\n{plain}");
+    // The notes count the marks that bought it: about one per free while streams share.
+    let marks = |r: &ReplayReport| {
+        let notes = r.resource_notes.as_deref().unwrap();
+        let at = notes.find(" marks and ").unwrap();
+        notes[..at]
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    assert!(
+        marks(&marked) > 100 * marks(&plain).max(1),
+        "{marked}\n{plain}"
+    );
 }
 
 /// `--passes`: later passes of a log over the same resource find what the first reserved; the

@@ -360,7 +360,7 @@ fn expandable_resource<B: PhysicalBacking>(r: ExpandableMemoryResource<B>) -> Pr
                 "headroom {}; chunks: small range ({} MiB) {} created, {} moved; large range \
                  ({} MiB) {} created, {} moved; driver calls: {} create ({}), {} map ({}), {} \
                  set_access ({}), {} unmap ({}), {} release ({}); synchronisations: {} of the \
-                 device, {} of a stream ({})",
+                 device, {} of a stream ({}); {} marks and {} queries ({})",
                 notes.headroom(),
                 s.small.chunk_size >> 20,
                 s.small.chunks_created,
@@ -380,7 +380,10 @@ fn expandable_resource<B: PhysicalBacking>(r: ExpandableMemoryResource<B>) -> Pr
                 ms(c.time.release),
                 s.small.synchronizations + s.large.synchronizations,
                 s.small.stream_synchronizations + s.large.stream_synchronizations,
-                ms(s.small.synchronization_time + s.large.synchronization_time)
+                ms(s.small.synchronization_time + s.large.synchronization_time),
+                s.small.marks + s.large.marks,
+                s.small.mark_queries + s.large.mark_queries,
+                ms(s.small.mark_time + s.large.mark_time)
             )
         })),
         // Free pages of either range can be released and mapped again where needed.
@@ -405,7 +408,8 @@ fn virtual_resource<B: PhysicalBacking>(r: VirtualMemoryResource<B>) -> Probes {
             let s = notes.stats();
             format!(
                 "chunks of {} MiB: {} created, {} moved; driver calls: {} map, {} set_access, {} \
-                 unmap; synchronisations: {} of the device, {} of a stream ({})",
+                 unmap; synchronisations: {} of the device, {} of a stream ({}); {} marks and {} \
+                 queries ({})",
                 s.chunk_size >> 20,
                 s.chunks_created,
                 s.chunks_moved,
@@ -414,7 +418,10 @@ fn virtual_resource<B: PhysicalBacking>(r: VirtualMemoryResource<B>) -> Probes {
                 s.unmaps,
                 s.synchronizations,
                 s.stream_synchronizations,
-                ms(s.synchronization_time)
+                ms(s.synchronization_time),
+                s.marks,
+                s.mark_queries,
+                ms(s.mark_time)
             )
         })),
     }

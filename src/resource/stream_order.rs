@@ -271,14 +271,15 @@ impl CudaOrder {
 
 impl StreamOrder for CudaOrder {
     fn mark(&self, stream: StreamRef<'_>) -> Result<()> {
-        self.device.bind()?;
         let mut events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
         let event = match events.entry(stream.id()) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
+                self.device.bind()?;
                 v.insert(Event::new(&self.device, false)?)
             }
         };
+        // `record` makes the event's context current itself.
         event.record(stream)
     }
 

@@ -24,8 +24,9 @@
 //! once one is, that stream's sealed blocks become *any* blocks and merge with their
 //! neighbours. Streams then reuse each other's memory as soon as the device is past it, with
 //! neither a wait nor a synchronisation, at the cost of an event record per free (RMM's
-//! choice). On six PyTorch training traces it lowered the expandable pool's peak to 1.01–1.05×
-//! and made later passes 2–3× slower (BENCHMARKS.md, 2026-11-26, fifteenth session).
+//! choice). On five PyTorch training traces it lowered the expandable pool's peak from
+//! 1.02–1.10× to 1.005–1.044× of the logical peak, and made later passes 2–4× slower on an H100,
+//! where an event record takes 120–670 ns (BENCHMARKS.md, 2026-11-26, fifteenth session).
 
 use std::collections::BTreeMap;
 use std::ptr::NonNull;

@@ -167,14 +167,19 @@ unsafe impl<B: PhysicalBacking> PhysicalBacking for CountingBacking<B> {
     }
 }
 
-/// A resource's stream order, counting its device-wide synchronisations (the costly call).
+/// A resource's stream order, counting its synchronisations (the costly calls), and its marks
+/// and queries (frequent, with [`VirtualOptions::mark_every_free`](super::VirtualOptions)).
 #[derive(Debug)]
 pub(crate) struct SyncCounter {
     inner: std::sync::Arc<dyn StreamOrder>,
     syncs: AtomicU64,
     stream_syncs: AtomicU64,
+    marks: AtomicU64,
+    queries: AtomicU64,
     /// Time in either kind of synchronisation.
     clock: CallClock,
+    /// Time in marks and queries.
+    mark_clock: CallClock,
 }
 
 impl SyncCounter {
@@ -183,8 +188,23 @@ impl SyncCounter {
             inner,
             syncs: 0.into(),
             stream_syncs: 0.into(),
+            marks: 0.into(),
+            queries: 0.into(),
             clock: CallClock::default(),
+            mark_clock: CallClock::default(),
         }
+    }
+    /// Successful [`StreamOrder::mark`] calls so far.
+    pub fn marks(&self) -> u64 {
+        self.marks.load(Relaxed)
+    }
+    /// [`StreamOrder::mark_complete`] calls so far.
+    pub fn queries(&self) -> u64 {
+        self.queries.load(Relaxed)
+    }
+    /// Time spent in marks and queries.
+    pub fn mark_time(&self) -> Duration {
+        self.mark_clock.total()
     }
     /// Successful [`StreamOrder::synchronize_all`] calls so far.
     pub fn syncs(&self) -> u64 {
@@ -202,13 +222,16 @@ impl SyncCounter {
 
 impl StreamOrder for SyncCounter {
     fn mark(&self, stream: StreamRef<'_>) -> Result<()> {
-        self.inner.mark(stream)
+        self.mark_clock.time(|| self.inner.mark(stream))?;
+        self.marks.fetch_add(1, Relaxed);
+        Ok(())
     }
     fn wait_for_mark(&self, waiter: StreamRef<'_>, signaller: StreamId) -> Result<()> {
         self.inner.wait_for_mark(waiter, signaller)
     }
     fn mark_complete(&self, signaller: StreamId) -> Result<bool> {
-        self.inner.mark_complete(signaller)
+        self.queries.fetch_add(1, Relaxed);
+        self.mark_clock.time(|| self.inner.mark_complete(signaller))
     }
     fn synchronize_all(&self) -> Result<()> {
         self.clock.time(|| self.inner.synchronize_all())?;
