@@ -193,6 +193,47 @@ fn expandable_blocks_land_on_mapped_pages_first() {
     assert_eq!(r.stats().mapped, 0);
 }
 
+/// With `mark_every_free`, a block freed on one stream goes to another stream as soon as the
+/// device is past it: no wait and no synchronisation. Without, the other stream reaches it only
+/// through a device-wide synchronisation.
+#[test]
+fn marking_every_free_hands_a_done_block_to_another_stream() {
+    let _serial = serial();
+    let dev = require_gpu!();
+    let (a, b) = (dev.new_stream().unwrap(), dev.new_stream().unwrap());
+    for every in [true, false] {
+        let mut options = VirtualOptions::expandable().maximum(64 * MIB);
+        options.mark_every_free = every;
+        let r =
+            VirtualMemoryResource::on_device(&dev, CudaBackingOptions::default(), options).unwrap();
+        let page = r.stats().chunk_size;
+        let take = |s: &Stream| r.allocate(s.as_ref(), page, 256).unwrap().as_ptr() as usize;
+        let on_b = take(&b);
+        let x = take(&a);
+        fill(&dev, &a, x, page / 4, 3);
+        free(&r, &a, x, page);
+        a.synchronize().unwrap();
+        let before = r.stats();
+        let y = take(&b);
+        let st = r.stats();
+        assert_eq!(y, x, "{st:?}");
+        assert_eq!(st.maps, before.maps, "no page mapped: {st:?}");
+        if every {
+            assert!(before.marks >= 1 && st.mark_queries >= 1, "{st:?}");
+            assert_eq!(st.synchronizations, 0, "{st:?}");
+        } else {
+            assert_eq!((st.marks, st.mark_queries), (0, 0), "{st:?}");
+            assert_eq!(st.synchronizations, 1, "{st:?}");
+        }
+        fill(&dev, &b, y, page / 4, 5);
+        check(&b, y, page / 4, 5, "block taken on the second stream");
+        r.check_invariants().unwrap();
+        for p in [on_b, y] {
+            free(&r, &b, p, page);
+        }
+    }
+}
+
 /// Scattered free pages move to serve a large request; live blocks keep their contents.
 #[test]
 fn expandable_pool_moves_free_pages_and_keeps_live_data() {
