@@ -96,8 +96,8 @@ impl FreeLinks for Vec<Node> {
     }
 }
 
-/// With [`PoolCore::marking_every_free`], a free is marked while another stream has allocated from
-/// the pool within this many allocations.
+/// With [`PoolCore::marking_every_free`], a free is marked while another stream has allocated
+/// from the pool within this many allocations.
 pub(crate) const SHARED_WINDOW: u64 = 4096;
 
 /// Allocations to let pass before asking again whether a stream's mark is done, after the
@@ -426,9 +426,9 @@ impl PoolCore {
         }
     }
 
-    /// Hands to every stream the sealed blocks of each other stream than `stream` whose last
-    /// mark `done` confirms (a driver query each, at most once per [`QUERY_EVERY`] allocations
-    /// per stream while the answer is no). Their neighbours merge.
+    /// Hands to every stream the sealed blocks of each stream but `stream` whose last mark
+    /// `done` confirms (a driver query each, at most once per [`QUERY_EVERY`] allocations per
+    /// stream while the answer is no). Their neighbours merge.
     fn release_confirmed(&mut self, stream: StreamId, mut done: impl FnMut(StreamId) -> bool) {
         let mut left = false;
         for t in 0..self.tags.len() {
