@@ -21,16 +21,18 @@ const PASSES: u32 = 4;
 const SYNTHETIC: &str = include_str!("../tests/data/synthetic_transformer.csv");
 
 /// Each resource, with the large-page size for the expandable pool (`None`: its default,
-/// 32 MiB; 2 MiB maps more often and wastes less).
-const KINDS: [(ResourceKind, Option<usize>); 8] = [
-    (ResourceKind::Cuda, None),
-    (ResourceKind::Async, None),
-    (ResourceKind::Pool, None),
-    (ResourceKind::Arena, None),
-    (ResourceKind::Binning, None),
-    (ResourceKind::Virtual, None),
-    (ResourceKind::Expandable, None),
-    (ResourceKind::Expandable, Some(2 << 20)),
+/// 32 MiB; 2 MiB maps more often and wastes less), and whether it marks every free
+/// (`ExpandableOptions::mark_every_free`: less memory across streams, slower frees).
+const KINDS: [(ResourceKind, Option<usize>, bool); 9] = [
+    (ResourceKind::Cuda, None, false),
+    (ResourceKind::Async, None, false),
+    (ResourceKind::Pool, None, false),
+    (ResourceKind::Arena, None, false),
+    (ResourceKind::Binning, None, false),
+    (ResourceKind::Virtual, None, false),
+    (ResourceKind::Expandable, None, false),
+    (ResourceKind::Expandable, Some(2 << 20), false),
+    (ResourceKind::Expandable, None, true),
 ];
 
 fn traces() -> carve::Result<Vec<(String, Plan)>> {
@@ -95,12 +97,13 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
                  leave out the driver)",
             ),
         }
-        for (kind, pages) in KINDS {
+        for (kind, pages, marking) in KINDS {
             if gpu.is_none() && kind == ResourceKind::Async {
                 continue;
             }
             let mut opts = ResourceOptions::new(kind);
             opts.block_size = pages;
+            opts.mark_every_free = marking;
             if gpu.is_none() {
                 opts.simulate_capacity = Some(80 << 30);
             }
@@ -117,9 +120,10 @@ pub fn run(quick: bool) -> carve::Result<Vec<Table>> {
             later.sort_by(f64::total_cmp);
             let report = last.expect("at least one repetition");
             let reserved = report.peak_reserved.unwrap_or(0);
-            let label = match pages {
-                Some(p) => format!("{kind} ({} MiB pages)", p >> 20),
-                None => kind.to_string(),
+            let label = match (pages, marking) {
+                (Some(p), _) => format!("{kind} ({} MiB pages)", p >> 20),
+                (None, true) => format!("{kind} (marking every free)"),
+                (None, false) => kind.to_string(),
             };
             // Chunk and driver-call counts (virtual, expandable): where the time went.
             if let Some(notes) = &report.resource_notes {
