@@ -555,19 +555,24 @@ fn expandable_pool_stays_within_5_percent_on_the_pytorch_trace() {
     peaks_reserved_on("torch_gpt_small.csv", &kinds, 80 * GIB);
 }
 
-/// The count of driver calls of `kind` (`create`, `unmap`, ...) in an expandable replay's notes.
-fn driver_calls(report: &ReplayReport, kind: &str) -> u64 {
+/// The count printed just before `what` in a replay's resource notes.
+fn note_count(report: &ReplayReport, what: &str) -> u64 {
     let notes = report
         .resource_notes
         .as_deref()
-        .expect("the expandable pool notes its calls");
+        .expect("the resource notes its calls");
     let at = notes
-        .find(&format!(" {kind} ("))
-        .unwrap_or_else(|| panic!("no {kind} calls in {notes}"));
+        .find(what)
+        .unwrap_or_else(|| panic!("no {what:?} in {notes}"));
     let count = notes[..at].rsplit(' ').next().unwrap();
     count
         .parse()
         .unwrap_or_else(|_| panic!("{count:?} in {notes}"))
+}
+
+/// The count of driver calls of `kind` (`create`, `unmap`, ...) in an expandable replay's notes.
+fn driver_calls(report: &ReplayReport, kind: &str) -> u64 {
+    note_count(report, &format!(" {kind} ("))
 }
 
 /// Ten passes of the committed PyTorch trace, as ten training steps: the expandable pool stays
@@ -624,28 +629,10 @@ fn marking_every_free_lowers_the_peak_across_streams() {
         marked.peak_reserved.unwrap() < plain.peak_reserved.unwrap(),
         "{marked}\n{plain}"
     );
-    let syncs = |r: &ReplayReport| {
-        let notes = r.resource_notes.as_deref().unwrap();
-        let at = notes.find(" of the device").unwrap();
-        notes[..at]
-            .rsplit(' ')
-            .next()
-            .unwrap()
-            .parse::<u64>()
-            .unwrap()
-    };
+    let syncs = |r: &ReplayReport| note_count(r, " of the device");
     assert!(syncs(&marked) < syncs(&plain), "{marked}\n{plain}");
     // The notes count the marks that bought it: about one per free while streams share.
-    let marks = |r: &ReplayReport| {
-        let notes = r.resource_notes.as_deref().unwrap();
-        let at = notes.find(" marks and ").unwrap();
-        notes[..at]
-            .rsplit(' ')
-            .next()
-            .unwrap()
-            .parse::<u64>()
-            .unwrap()
-    };
+    let marks = |r: &ReplayReport| note_count(r, " marks and ");
     assert!(
         marks(&marked) > 100 * marks(&plain).max(1),
         "{marked}\n{plain}"

@@ -441,10 +441,12 @@ impl PoolCore {
                 self.tags[t].unconfirmed = false;
                 continue;
             }
-            if tag.stream == stream || self.allocs < tag.query_at || !done(tag.stream) {
-                if tag.stream != stream && self.allocs >= tag.query_at {
-                    self.tags[t].query_at = self.allocs + QUERY_EVERY;
-                }
+            if tag.stream == stream || self.allocs < tag.query_at {
+                left = true;
+                continue;
+            }
+            if !done(tag.stream) {
+                self.tags[t].query_at = self.allocs + QUERY_EVERY;
                 left = true;
                 continue;
             }
