@@ -22,13 +22,27 @@ pub(super) fn table(c: &Ctx, quick: bool) -> carve::Result<Table> {
             "fetch_add per group",
             "fetch_add + fetch_or per group",
             "fetch_and + fetch_sub per group",
+            "fetch_and per group",
+            "fetch_add per warp (cache)",
         ],
     );
     let grid: &[(u32, u64, u32)] = if quick {
         &[(20, 4096, 8)]
     } else {
-        &[(22, 4096, 6), (22, 4096, 8), (22, 4096, 10), (20, 65536, 8)]
+        &[
+            (22, 4096, 6),
+            (22, 4096, 8),
+            (22, 4096, 10),
+            (22, 4096, 12),
+            (22, 4096, 14),
+            (20, 65536, 8),
+        ]
     };
+    // The cached free's rings: a line of count per hardware warp slot (up to 256 SMs of 64),
+    // and 2^RING_LOG2 entries each.
+    const RING_LOG2: u32 = 10;
+    let hw_slots = DeviceVec::<u32>::zeroed((64 << 8) * 32, &c.stream, c.mr.clone())?;
+    let ring = DeviceVec::<u64>::zeroed(64 << (8 + RING_LOG2), &c.stream, c.mr.clone())?;
     for &(log_n, max, shards_log2) in grid {
         let n = 1u64 << log_n;
         let slots = (NUM_CLASSES + 1) << shards_log2;
@@ -46,9 +60,19 @@ pub(super) fn table(c: &Ctx, quick: bool) -> carve::Result<Table> {
             }
         };
         // SAFETY: as above.
-        let free = || unsafe { k.floor_free(n, cp, wp, op, n) };
-        let (one, _) = time_alloc_free(c, alloc(0), free)?;
-        let (two, freed) = time_alloc_free(c, alloc(1), free)?;
+        let free = |count| {
+            move || {
+                // SAFETY: as above.
+                unsafe { k.floor_free(n, cp, wp, op, n, count) }
+            }
+        };
+        let (one, _) = time_alloc_free(c, alloc(0), free(1))?;
+        let (two, freed) = time_alloc_free(c, alloc(1), free(1))?;
+        let (_, and_only) = time_alloc_free(c, alloc(1), free(0))?;
+        let (sp, rp) = (hw_slots.as_ptr(), ring.as_ptr());
+        // SAFETY: `hw_slots` and `ring` are sized for every hardware warp slot, as the kernel asks.
+        let cache_free = || unsafe { k.floor_cache_free(n, sp, rp, op, n, RING_LOG2) };
+        let (_, cached) = time_alloc_free(c, alloc(1), cache_free)?;
         table.row(vec![
             format!("2^{log_n}"),
             format!("16 B–{} KiB", max >> 10),
@@ -56,14 +80,20 @@ pub(super) fn table(c: &Ctx, quick: bool) -> carve::Result<Table> {
             rate(n, one),
             rate(n, two),
             rate(n, freed),
+            rate(n, and_only),
+            rate(n, cached),
         ]);
     }
     table.note(
         "Per warp, the lanes of one size class form a group (match.any); its leader makes the \
          atomics that carve_malloc's and carve_free's mixed paths make per group, on a count per \
          shard and 64 bitmap words per shard, with no heap header, handle, retry or exhaustion: \
-         a bound on any design that reserves and claims once per class group. Sizes as in the \
-         mixed-size table.",
+         a bound on any design that reserves and claims once per class group. The last column \
+         frees with the fetch_and alone: a bound on any free that makes one atomic per class \
+         group. The cache column makes one fetch_add per warp, on a count of its hardware warp \
+         slot, and a store per lane: a bound on frees that defer their work to a cache. With \
+         64 words per shard, 4096 and more shards per class no longer fit the L2 (the heap's \
+         bitmaps are dense). Sizes as in the mixed-size table.",
     );
     Ok(table)
 }

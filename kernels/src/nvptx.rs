@@ -273,6 +273,22 @@ impl Warp for FullWarp {
     }
 }
 
+/// The hardware warp slot the calling warp runs in: `%smid << 6 | %warpid`. A resident warp
+/// owns its slot, but `%warpid` may change after a preemption, so the slot names a place to
+/// look first, not a lock.
+#[inline(always)]
+pub fn hw_warp_slot() -> u32 {
+    let (sm, w): (u32, u32);
+    // SAFETY: reads special registers.
+    unsafe {
+        core::arch::asm!(
+            "mov.u32 {s}, %smid; mov.u32 {w}, %warpid;",
+            s = out(reg32) sm, w = out(reg32) w,
+        )
+    };
+    sm << 6 | (w & 63)
+}
+
 /// The calling warp's index in the grid, wrapping at 2^32 (it only seeds a hint), the same for
 /// every lane whatever the block's shape (a warp never spans two blocks).
 #[inline(always)]

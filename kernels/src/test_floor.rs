@@ -7,7 +7,8 @@
 //! per shard of each class, with a given number of shards per class, and 64 words per shard),
 //! for the sizes the mixed bench asks, and nothing else: no header, no handle, no retry, no
 //! exhaustion. What they run at bounds what any design that takes one reservation and one claim
-//! per class group can reach.
+//! per class group can reach; a free with the `fetch_and` alone bounds any free that makes one
+//! atomic per group, and [`carve_bench_floor_cache_free`] one that makes a single atomic per warp.
 
 use crate::general::{bench_request_size, request_class, FLOOR_WORDS_LOG2};
 use crate::nvptx::{self, NvptxWarp};
@@ -78,7 +79,8 @@ pub unsafe extern "ptx-kernel" fn carve_bench_floor_malloc(
 
 /// The free side of [`carve_bench_floor_malloc`]: thread `i < n` reads `out[i]`; the lanes of
 /// one shard form a group, whose leader clears the group's bits with a Release `fetch_and`
-/// and subtracts the bits it cleared from the shard's count, as the slab's free does.
+/// and, with `count`, subtracts the bits it cleared from the shard's count, as the slab's free
+/// does. Without `count` it bounds a free that makes one atomic per group.
 ///
 /// # Safety
 /// As for [`carve_bench_floor_malloc`], after it wrote `out`.
@@ -88,6 +90,7 @@ pub unsafe extern "ptx-kernel" fn carve_bench_floor_free(
     words: *mut u64,
     out: *const u64,
     n: u64,
+    count: u32,
 ) {
     let i = nvptx::global_thread_index();
     if i >= n {
@@ -106,10 +109,51 @@ pub unsafe extern "ptx-kernel" fn carve_bench_floor_free(
         // SAFETY: the caller's contract: `word` indexes `words` and `shard` indexes `counts`.
         let a = unsafe { &*(words.add(word) as *const AtomicU64) };
         let freed = (w.fetch_and_release(a, !bits) & bits).count_ones();
-        if freed > 0 {
+        if count != 0 && freed > 0 {
             // SAFETY: as above.
             let c = unsafe { &*(counts.add(shard as usize) as *const AtomicU32) };
             c.fetch_sub(freed, Ordering::Relaxed);
         }
     }
+}
+
+/// The floor of a free that defers its work to a cache per hardware warp slot
+/// ([`nvptx::hw_warp_slot`]): thread `i < n` reads `out[i]`; the warp's first lane takes room
+/// for the warp's lanes in its slot's ring with one `fetch_add` on the slot's count (one per
+/// 128-byte line), and each lane stores its value there. One atomic per warp, whatever the
+/// classes: a bound on frees that cache blocks instead of clearing them.
+///
+/// # Safety
+/// `slots` holds `64 << 8` entries of 32 `u32`s (one line per slot of up to 256 SMs), `ring`
+/// `64 << (8 + ring_log2)` `u64`s; `out` holds `n` `u64`s.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn carve_bench_floor_cache_free(
+    slots: *mut u32,
+    ring: *mut u64,
+    out: *const u64,
+    n: u64,
+    ring_log2: u32,
+) {
+    let i = nvptx::global_thread_index();
+    if i >= n {
+        return;
+    }
+    let w = NvptxWarp;
+    // SAFETY: i < n.
+    let v = unsafe { out.add(i as usize).read() };
+    let active = w.active();
+    let leader = active.trailing_zeros();
+    let slot = nvptx::hw_warp_slot();
+    let mut at = 0;
+    if w.lane() == leader {
+        // SAFETY: the caller's contract: `slot < 64 << 8`, 32 u32s per slot.
+        let c = unsafe { &*(slots.add(slot as usize * 32) as *const AtomicU32) };
+        at = c.fetch_add(active.count_ones(), Ordering::Relaxed);
+    }
+    let at = w
+        .shfl(active, at, leader)
+        .wrapping_add(rank_in(active, w.lane()));
+    let k = ((slot as usize) << ring_log2) + (at as usize & ((1 << ring_log2) - 1));
+    // SAFETY: the caller's contract: `k` indexes `ring`.
+    unsafe { ring.add(k).write(v) };
 }

@@ -106,9 +106,14 @@ impl<'a> HeapKernels<'a> {
         floor_malloc => "carve_bench_floor_malloc"(counts: u64, words: u64, out: u64, n: u64, max: u64, seed: u32, shards_log2: u32, claim: u32)
     );
     launcher!(
-        /// Floor of the mixed-size bench's frees: each group's Release `fetch_and` and count
-        /// `fetch_sub` on the arrays [`HeapKernels::floor_malloc`] used.
-        floor_free => "carve_bench_floor_free"(counts: u64, words: u64, out: u64, n: u64)
+        /// Floor of the mixed-size bench's frees: each group's Release `fetch_and` and (with
+        /// `count`) its count `fetch_sub`, on the arrays [`HeapKernels::floor_malloc`] used.
+        floor_free => "carve_bench_floor_free"(counts: u64, words: u64, out: u64, n: u64, count: u32)
+    );
+    launcher!(
+        /// Floor of a free that caches: one `fetch_add` per warp on its hardware slot's ring,
+        /// and a store per lane (see `kernels/src/test_floor.rs`).
+        floor_cache_free => "carve_bench_floor_cache_free"(slots: u64, ring: u64, out: u64, n: u64, ring_log2: u32)
     );
     launcher!(
         /// Baseline: thread `i < n` calls CUDA's in-kernel `malloc` for a hashed size over
