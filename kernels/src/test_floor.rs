@@ -143,10 +143,11 @@ pub unsafe extern "ptx-kernel" fn carve_bench_floor_cache_free(
     let v = unsafe { out.add(i as usize).read() };
     let active = w.active();
     let leader = active.trailing_zeros();
-    let slot = nvptx::hw_warp_slot();
+    // Masked, so that an `%smid` past 255 shares a slot rather than leaving the arrays.
+    let slot = nvptx::hw_warp_slot() & ((64 << 8) - 1);
     let mut at = 0;
     if w.lane() == leader {
-        // SAFETY: the caller's contract: `slot < 64 << 8`, 32 u32s per slot.
+        // SAFETY: the caller's contract, 32 u32s for each of the `64 << 8` slots; `slot` is masked.
         let c = unsafe { &*(slots.add(slot as usize * 32) as *const AtomicU32) };
         at = c.fetch_add(active.count_ones(), Ordering::Relaxed);
     }
