@@ -2,7 +2,7 @@
 //! (`kernels/src/test_floor.rs`), timed like the heap rows.
 
 use carve::DeviceVec;
-use carve_kernels::general::FLOOR_WORDS_LOG2;
+use carve_kernels::general::{FLOOR_HW_SLOTS, FLOOR_WORDS_LOG2};
 use carve_kernels::size_class::NUM_CLASSES;
 
 use super::{rate, time_alloc_free, Ctx};
@@ -38,11 +38,11 @@ pub(super) fn table(c: &Ctx, quick: bool) -> carve::Result<Table> {
             (20, 65536, 8),
         ]
     };
-    // The cached free's rings: a line of count per hardware warp slot (up to 256 SMs of 64),
-    // and 2^RING_LOG2 entries each.
+    // The cached free's rings: a line of count per hardware warp slot, and 2^RING_LOG2 entries
+    // each.
     const RING_LOG2: u32 = 10;
-    let hw_slots = DeviceVec::<u32>::zeroed((64 << 8) * 32, &c.stream, c.mr.clone())?;
-    let ring = DeviceVec::<u64>::zeroed(64 << (8 + RING_LOG2), &c.stream, c.mr.clone())?;
+    let hw_slots = DeviceVec::<u32>::zeroed(FLOOR_HW_SLOTS * 32, &c.stream, c.mr.clone())?;
+    let ring = DeviceVec::<u64>::zeroed(FLOOR_HW_SLOTS << RING_LOG2, &c.stream, c.mr.clone())?;
     for &(log_n, max, shards_log2) in grid {
         let n = 1u64 << log_n;
         let slots = (NUM_CLASSES + 1) << shards_log2;

@@ -375,6 +375,10 @@ pub fn test_request_size(i: u64, seed: u32) -> u64 {
 /// benchmark's floor kernels, which the host sizes.
 pub const FLOOR_WORDS_LOG2: u32 = 6;
 
+/// Hardware warp slots (`%smid << 6 | %warpid`: up to 256 SMs of 64 warps) in the arrays of the
+/// cached-free floor kernel, which the host sizes: a 32-`u32` line of count per slot.
+pub const FLOOR_HW_SLOTS: usize = 64 << 8;
+
 /// The request size of thread `i` in the mixed-size benchmarks: a hash of `i` and `seed`,
 /// uniform over `16..=max` bytes (`max >= 16`).
 #[inline(always)]

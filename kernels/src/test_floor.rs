@@ -10,7 +10,7 @@
 //! per class group can reach; a free with the `fetch_and` alone bounds any free that makes one
 //! atomic per group, and [`carve_bench_floor_cache_free`] one that makes a single atomic per warp.
 
-use crate::general::{bench_request_size, request_class, FLOOR_WORDS_LOG2};
+use crate::general::{bench_request_size, request_class, FLOOR_HW_SLOTS, FLOOR_WORDS_LOG2};
 use crate::nvptx::{self, NvptxWarp};
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use crate::warp::{rank_in, Warp};
@@ -124,8 +124,8 @@ pub unsafe extern "ptx-kernel" fn carve_bench_floor_free(
 /// classes: a bound on frees that cache blocks instead of clearing them.
 ///
 /// # Safety
-/// `slots` holds `64 << 8` entries of 32 `u32`s (one line per slot of up to 256 SMs), `ring`
-/// `64 << (8 + ring_log2)` `u64`s; `out` holds `n` `u64`s.
+/// `slots` holds [`FLOOR_HW_SLOTS`] entries of 32 `u32`s, `ring` `FLOOR_HW_SLOTS << ring_log2`
+/// `u64`s; `out` holds `n` `u64`s.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn carve_bench_floor_cache_free(
     slots: *mut u32,
@@ -144,10 +144,10 @@ pub unsafe extern "ptx-kernel" fn carve_bench_floor_cache_free(
     let active = w.active();
     let leader = active.trailing_zeros();
     // Masked, so that an `%smid` past 255 shares a slot rather than leaving the arrays.
-    let slot = nvptx::hw_warp_slot() & ((64 << 8) - 1);
+    let slot = nvptx::hw_warp_slot() & (FLOOR_HW_SLOTS as u32 - 1);
     let mut at = 0;
     if w.lane() == leader {
-        // SAFETY: the caller's contract, 32 u32s for each of the `64 << 8` slots; `slot` is masked.
+        // SAFETY: the caller's contract, 32 u32s for each of the FLOOR_HW_SLOTS; `slot` is masked.
         let c = unsafe { &*(slots.add(slot as usize * 32) as *const AtomicU32) };
         at = c.fetch_add(active.count_ones(), Ordering::Relaxed);
     }

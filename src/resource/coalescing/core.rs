@@ -492,7 +492,6 @@ impl PoolCore {
         let demand = self.demand;
         let now = self.allocs;
         let shared = self.mark_every_free
-            && self.tags.len() > 1
             && self.tags.iter().any(|o| {
                 o.stream != stream && o.last_alloc != 0 && now - o.last_alloc < SHARED_WINDOW
             });
