@@ -49,8 +49,8 @@ pub use simulated::{SimulatedMemoryResource, SimulatedUsage};
 #[cfg(feature = "cli")]
 pub(crate) use stream_order::default_order;
 pub use stream_order::{
-    CountingOrder, CudaOrder, HostOrder, OrderCounts, OrderEvent, RecordingOrder, StreamOrder,
-    MARK_EVERY,
+    CheckedCounts, CheckedOrder, CheckedResource, CountingOrder, CudaOrder, HostOrder, OrderCounts,
+    OrderEvent, OrderFaults, RecordingOrder, StreamOrder, MARK_EVERY,
 };
 #[cfg(target_os = "linux")]
 pub use virtual_memory::HostBacking;

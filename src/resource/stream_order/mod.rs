@@ -9,6 +9,10 @@
 //! driver only inside a call on that stream: a stream may be destroyed while blocks freed on
 //! it sit in a pool.
 
+mod checked;
+
+pub use checked::{CheckedCounts, CheckedOrder, CheckedResource, OrderFaults};
+
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
