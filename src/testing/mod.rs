@@ -2,6 +2,10 @@
 //!
 //! Not part of the stable API.
 
+mod gate;
+
+pub use gate::{Gate, GATE_LIMIT};
+
 use std::io::Write;
 
 use crate::driver::{gpu_required, Device};
