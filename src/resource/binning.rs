@@ -56,7 +56,8 @@ impl<R: MemoryResource + Clone + 'static> BinningMemoryResource<R> {
 
 impl<R: MemoryResource> BinningMemoryResource<R> {
     /// Power-of-two bins `2^min_exp ..= 2^max_exp`, each a fixed-size resource over
-    /// `bin_upstream`; larger requests go to `large`.
+    /// `bin_upstream`; larger requests go to `large`. Both must give the same kind of memory on
+    /// the same device ([`Error::InvalidArgument`] otherwise; see [`with_bins`](Self::with_bins)).
     pub fn with_large_upstream<U: MemoryResource + Clone + 'static>(
         bin_upstream: U,
         large: R,
@@ -112,11 +113,31 @@ impl<U: MemoryResource + 'static> BinningMemoryResource<PoolMemoryResource<U>> {
 impl<R: MemoryResource> BinningMemoryResource<R> {
     /// Custom bins, each with a resource of its own. Bin resources must accept any request up
     /// to their size at 256-byte alignment.
+    ///
+    /// Every bin must give the upstream's kind of memory (the same [`Properties`]) on the same
+    /// [`device`](MemoryResource::device), since the resource reports the upstream's for all of
+    /// its blocks: [`Error::InvalidArgument`] otherwise.
     pub fn with_bins(upstream: R, mut bins: Vec<Bin>) -> Result<Self> {
         bins.sort_by_key(|b| b.size);
         if bins.iter().any(|b| b.size == 0) || bins.windows(2).any(|w| w[0].size == w[1].size) {
             return Err(Error::InvalidArgument(format!(
                 "{NAME}: bin sizes must be distinct and non-zero"
+            )));
+        }
+        let (props, device) = (upstream.properties(), upstream.device());
+        if let Some(b) = bins
+            .iter()
+            .find(|b| b.resource.properties() != props || b.resource.device() != device)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "{NAME}: the {}-byte bin's {:?} gives {:?} on device {:?}, the upstream {:?} on \
+                 device {:?}",
+                b.size,
+                b.resource,
+                b.resource.properties(),
+                b.resource.device().map(|d| d.ordinal()),
+                props,
+                device.as_ref().map(|d| d.ordinal()),
             )));
         }
         Ok(BinningMemoryResource {
@@ -186,5 +207,34 @@ impl<R: MemoryResource> fmt::Debug for BinningMemoryResource<R> {
             )
             .field("upstream", &self.inner.upstream)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::{HostMemoryResource, SimulatedMemoryResource};
+
+    fn bin(size: usize, resource: SharedResource) -> Bin {
+        Bin { size, resource }
+    }
+
+    #[test]
+    fn bins_whose_memory_differs_from_the_upstream_are_refused() {
+        let host = HostMemoryResource::new();
+        let other: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 20).unwrap());
+        assert_ne!(other.properties(), host.properties());
+        let r = BinningMemoryResource::with_bins(host.clone(), vec![bin(4096, other.clone())]);
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+
+        // The same through the fixed-size bins `with_large_upstream` builds.
+        let sim = SimulatedMemoryResource::new(1 << 24).unwrap();
+        let r = BinningMemoryResource::with_large_upstream(sim, host.clone(), 8, 12);
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+
+        // Bins of the upstream's kind of memory are still fine.
+        let same: SharedResource = Arc::new(host.clone());
+        let mr = BinningMemoryResource::with_bins(host.clone(), vec![bin(4096, same)]).unwrap();
+        assert_eq!(mr.properties(), Properties::HOST);
     }
 }
