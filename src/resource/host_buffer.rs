@@ -25,13 +25,19 @@ pub struct HostBuffer<T: Pod, R: MemoryResource> {
     _marker: PhantomData<T>,
 }
 
-// SAFETY: the buffer uniquely owns its block; `T: Pod` is plain data; R is Send.
-unsafe impl<T: Pod, R: MemoryResource> Send for HostBuffer<T, R> {}
-// SAFETY: `&self` gives shared reads only; R is Sync.
-unsafe impl<T: Pod, R: MemoryResource> Sync for HostBuffer<T, R> {}
+// SAFETY: the buffer uniquely owns its block and its `T`s, which may move to another thread
+// (`T: Send`); R is Send.
+unsafe impl<T: Pod + Send, R: MemoryResource> Send for HostBuffer<T, R> {}
+// SAFETY: `&self` gives shared reads of `T`s only, which `T: Sync` allows from any thread; R is
+// Sync.
+unsafe impl<T: Pod + Sync, R: MemoryResource> Sync for HostBuffer<T, R> {}
 
 impl<T: Pod, R: MemoryResource + Clone> HostBuffer<T, R> {
     /// `len` zeroed elements (zeroed by the host, so managed pages start on the CPU).
+    ///
+    /// The block is allocated with [`allocate_sync`](MemoryResource::allocate_sync): a pool may
+    /// hand out a block that another stream's queued work still uses, and the host writes it at
+    /// once.
     ///
     /// [`Error::InvalidArgument`] if `resource` does not give host-accessible memory.
     pub fn zeroed(resource: &R, len: usize) -> Result<Self> {
@@ -47,9 +53,9 @@ impl<T: Pod, R: MemoryResource + Clone> HostBuffer<T, R> {
         let ptr = match bytes {
             0 => None,
             _ => {
-                let p = resource.allocate(StreamRef::DEFAULT, bytes, align_of::<T>())?;
-                // SAFETY: `bytes` host-accessible bytes were just allocated; nothing else uses
-                // them yet.
+                let p = resource.allocate_sync(bytes, align_of::<T>())?;
+                // SAFETY: `bytes` host-accessible bytes, allocated synchronously: no queued work
+                // uses them any more.
                 unsafe { p.as_ptr().write_bytes(0, bytes) };
                 Some(p)
             }
@@ -167,6 +173,95 @@ mod tests {
             HostBuffer::<u64, _>::zeroed(&mr, usize::MAX / 4),
             Err(Error::SizeOverflow { .. })
         ));
+    }
+
+    // `T: Pod` admits types that must not cross threads (`PhantomData<Rc<_>>`, `PhantomData<Cell<_>>`
+    // fields): the buffer is `Send` and `Sync` only where `T` is.
+    static_assertions::assert_not_impl_any!(
+        HostBuffer<PhantomData<std::rc::Rc<u8>>, HostMemoryResource>: Send, Sync
+    );
+    static_assertions::assert_not_impl_any!(
+        HostBuffer<PhantomData<std::cell::Cell<u8>>, HostMemoryResource>: Sync
+    );
+    static_assertions::assert_impl_all!(
+        HostBuffer<PhantomData<std::cell::Cell<u8>>, HostMemoryResource>: Send
+    );
+    static_assertions::assert_impl_all!(HostBuffer<u64, HostMemoryResource>: Send, Sync);
+
+    /// Host memory whose blocks have a write queued by a stream that the allocation did not wait
+    /// for, as a pool of managed memory gives a block freed on a stream still running: the write
+    /// lands when that stream is synchronised ([`allocate_sync`](MemoryResource::allocate_sync))
+    /// or, without one, whenever the test runs it ([`run_queued`](Self::run_queued)).
+    #[derive(Clone, Debug, Default)]
+    struct QueuedWrites {
+        host: HostMemoryResource,
+        queued: std::sync::Arc<std::sync::Mutex<Vec<(usize, usize)>>>,
+    }
+
+    const LATE: u8 = 0xAB;
+
+    impl QueuedWrites {
+        fn run_queued(&self) {
+            for (p, bytes) in self.queued.lock().unwrap().drain(..) {
+                // SAFETY: a live block of `bytes` bytes of this resource (the tests free only
+                // after running the queue).
+                unsafe { (p as *mut u8).write_bytes(LATE, bytes) };
+            }
+        }
+    }
+
+    // SAFETY: delegates to `HostMemoryResource`; the queue only writes into live blocks.
+    unsafe impl MemoryResource for QueuedWrites {
+        fn allocate(
+            &self,
+            stream: StreamRef<'_>,
+            bytes: usize,
+            align: usize,
+        ) -> Result<NonNull<u8>> {
+            let p = self.host.allocate(stream, bytes, align)?;
+            self.queued
+                .lock()
+                .unwrap()
+                .push((p.as_ptr() as usize, bytes));
+            Ok(p)
+        }
+        fn allocate_sync(&self, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+            let p = self.allocate(StreamRef::DEFAULT, bytes, align)?;
+            self.run_queued();
+            Ok(p)
+        }
+        unsafe fn deallocate(
+            &self,
+            stream: StreamRef<'_>,
+            ptr: NonNull<u8>,
+            bytes: usize,
+            align: usize,
+        ) -> Result<()> {
+            // SAFETY: forwarded caller contract.
+            unsafe { self.host.deallocate(stream, ptr, bytes, align) }
+        }
+        fn properties(&self) -> crate::resource::Properties {
+            self.host.properties()
+        }
+        fn device(&self) -> Option<crate::driver::Device> {
+            None
+        }
+    }
+
+    #[test]
+    fn host_writes_wait_for_work_queued_on_the_block() {
+        let mr = QueuedWrites::default();
+        let zeroed = HostBuffer::<u32, _>::zeroed(&mr, 1000).unwrap();
+        let copied = HostBuffer::<u32, _>::from_slice(&mr, &[7; 1000]).unwrap();
+        mr.run_queued();
+        assert!(
+            zeroed.as_slice().iter().all(|&x| x == 0),
+            "zeroed was overwritten"
+        );
+        assert!(
+            copied.as_slice().iter().all(|&x| x == 7),
+            "from_slice was overwritten"
+        );
     }
 
     #[test]
