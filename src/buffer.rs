@@ -12,6 +12,12 @@ use crate::driver::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::resource::{MemoryResource, SharedResource, DEFAULT_ALIGNMENT};
 
+mod foreign;
+mod release;
+
+use foreign::ForeignUses;
+pub(crate) use release::{release_in_drop, release_once};
+
 /// Untyped device memory from a [`MemoryResource`], ordered on one stream.
 ///
 /// Dropping it deallocates through the resource it came from, on its stream, whatever the
@@ -22,6 +28,8 @@ pub struct DeviceBuffer {
     align: usize,
     stream: Stream,
     resource: SharedResource,
+    /// cudarc work on other streams, which frees and own-stream work wait for.
+    foreign: ForeignUses,
 }
 
 // SAFETY: the buffer uniquely owns its block; the pointer is an address, and all access goes
@@ -63,6 +71,7 @@ impl DeviceBuffer {
             align,
             stream: stream.clone(),
             resource,
+            foreign: ForeignUses::default(),
         })
     }
 
@@ -113,6 +122,7 @@ impl DeviceBuffer {
     pub fn copy_from_host(&mut self, src: &[u8]) -> Result<()> {
         self.check_len(src.len())?;
         let Some(dst) = self.ptr else { return Ok(()) };
+        self.foreign.settle(self.stream.cudarc())?;
         self.device().bind()?;
         // SAFETY: dst holds at least src.len() bytes (checked); the stream is live. We wait for
         // the copy before `src`'s borrow ends.
@@ -127,6 +137,7 @@ impl DeviceBuffer {
     pub fn copy_to_host(&self, dst: &mut [u8]) -> Result<()> {
         self.check_len(dst.len())?;
         let Some(src) = self.ptr else { return Ok(()) };
+        self.foreign.settle_writes(self.stream.cudarc())?;
         self.device().bind()?;
         // SAFETY: src holds at least dst.len() bytes; we wait before returning.
         unsafe {
@@ -152,6 +163,8 @@ impl DeviceBuffer {
         let (Some(dst), Some(from)) = (self.ptr, src.ptr) else {
             return Ok(());
         };
+        self.foreign.settle(self.stream.cudarc())?;
+        src.foreign.settle_writes(src.stream.cudarc())?;
         self.stream.wait_for(&src.stream)?;
         self.device().bind()?;
         let (d, s) = (
@@ -181,6 +194,7 @@ impl DeviceBuffer {
     /// Sets every byte to `value`, ordered on the buffer's stream.
     pub fn memset(&mut self, value: u8) -> Result<()> {
         let Some(dst) = self.ptr else { return Ok(()) };
+        self.foreign.settle(self.stream.cudarc())?;
         self.device().bind()?;
         // SAFETY: the range is this buffer's own.
         unsafe {
@@ -195,21 +209,29 @@ impl DeviceBuffer {
     }
 
     /// Frees now, reporting what dropping would have to swallow.
+    ///
+    /// The free is ordered after the buffer's stream and after cudarc work queued on other
+    /// streams through [`DevicePtr`]/[`DevicePtrMut`]. If binding the device or that ordering
+    /// fails, the block is not freed: dropping the buffer (which this does on return) tries
+    /// once more, and leaks it if that fails too (see [`crate::take_deferred_error`]).
     pub fn free(mut self) -> Result<()> {
         self.release()
     }
 
     fn release(&mut self) -> Result<()> {
-        let Some(ptr) = self.ptr.take() else {
-            return Ok(());
-        };
-        self.device().bind()?;
-        // SAFETY: the block came from this resource with this size and alignment, and `take`
-        // guarantees it is returned once. Later work on the stream is ordered after the free.
-        unsafe {
-            self.resource
-                .deallocate(self.stream.as_ref(), ptr, self.len, self.align)
-        }
+        let (stream, foreign) = (&self.stream, &mut self.foreign);
+        let (resource, len, align) = (&self.resource, self.len, self.align);
+        release_once(
+            &mut self.ptr,
+            || {
+                stream.device().bind()?;
+                foreign.settle(stream.cudarc())
+            },
+            // SAFETY: the block came from this resource with this size and alignment, and
+            // `release_once` returns it once. The stream waits for every use of it (`settle`),
+            // and later work on the stream is ordered after the free.
+            |ptr| unsafe { resource.deallocate(stream.as_ref(), ptr, len, align) },
+        )
     }
 
     fn raw_stream(&self) -> sys::CUstream {
@@ -230,7 +252,7 @@ impl DeviceBuffer {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         // Drop cannot report (callers who care use `free`): record it for `take_deferred_error`.
-        crate::deferred::record("DeviceBuffer drop", self.release());
+        release_in_drop("DeviceBuffer drop", || self.release());
     }
 }
 
@@ -355,26 +377,24 @@ impl<T: Pod> DeviceSlice<T> for DeviceVec<T> {
 }
 
 impl<T: Pod> DevicePtr<T> for DeviceVec<T> {
+    /// `stream` waits for the buffer's own stream and for earlier writes on other streams; when
+    /// the returned guard drops, an event recorded on `stream` orders the free (and later work
+    /// on the buffer's own stream) after the read. On the buffer's own stream nothing is
+    /// recorded.
     fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        order_after_owner(&self.buf, stream);
-        (self.as_ptr(), SyncOnDrop::Sync(None))
+        let guard = self.buf.foreign.read(self.buf.stream.cudarc(), stream);
+        (self.as_ptr(), guard)
     }
 }
 
 impl<T: Pod> DevicePtrMut<T> for DeviceVec<T> {
+    /// As [`device_ptr`](DevicePtr::device_ptr), with `stream` also waiting for earlier reads.
     fn device_ptr_mut<'a>(
         &'a mut self,
         stream: &'a CudaStream,
     ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        order_after_owner(&self.buf, stream);
-        (self.as_ptr(), SyncOnDrop::Sync(None))
-    }
-}
-
-/// Work on a foreign stream must not overtake the buffer's own stream (its allocation).
-fn order_after_owner(buf: &DeviceBuffer, stream: &CudaStream) {
-    let own = buf.stream.cudarc();
-    if **own != *stream {
-        own.context().record_err(stream.join(own));
+        let ptr = self.as_ptr();
+        let buf = &mut self.buf;
+        (ptr, buf.foreign.write(buf.stream.cudarc(), stream))
     }
 }

@@ -10,6 +10,7 @@ use std::ptr::NonNull;
 use bytemuck::Pod;
 
 use super::MemoryResource;
+use crate::buffer::{release_in_drop, release_once};
 use crate::error::{Error, Result};
 use crate::stream::StreamRef;
 
@@ -117,26 +118,34 @@ impl<T: Pod, R: MemoryResource> HostBuffer<T, R> {
     }
 
     /// Frees now, reporting what dropping would have to swallow.
+    ///
+    /// As [`deallocate_sync`](MemoryResource::deallocate_sync): the device's default stream is
+    /// synchronised, then the block freed on it. If that synchronisation fails the block is not
+    /// freed: dropping the buffer (which this does on return) tries once more, and leaks it if
+    /// that fails too (see [`crate::take_deferred_error`]).
     pub fn free(mut self) -> Result<()> {
         self.release()
     }
 
     fn release(&mut self) -> Result<()> {
-        let Some(p) = self.ptr.take() else {
-            return Ok(());
-        };
-        // SAFETY: allocated by this resource with this size and alignment; `take` frees it once.
-        unsafe {
-            self.resource
-                .deallocate_sync(p, self.len * size_of::<T>(), align_of::<T>())
-        }
+        let (resource, bytes) = (&self.resource, self.len * size_of::<T>());
+        release_once(
+            &mut self.ptr,
+            || match resource.device() {
+                Some(device) => device.synchronize_default_stream(),
+                None => Ok(()),
+            },
+            // SAFETY: allocated by this resource with this size and alignment; `release_once`
+            // frees it once, after the default stream is synchronised (`deallocate_sync`).
+            |p| unsafe { resource.deallocate(StreamRef::DEFAULT, p, bytes, align_of::<T>()) },
+        )
     }
 }
 
 impl<T: Pod, R: MemoryResource> Drop for HostBuffer<T, R> {
     fn drop(&mut self) {
         // Drop cannot report (callers who care use `free`): record it for `take_deferred_error`.
-        crate::deferred::record("HostBuffer drop", self.release());
+        release_in_drop("HostBuffer drop", || self.release());
     }
 }
 

@@ -10,6 +10,7 @@ use std::ptr::NonNull;
 use cudarc::driver::sys;
 
 use super::{AsyncMemoryResource, PoolHandle};
+use crate::buffer::{release_in_drop, release_once};
 use crate::driver::Device;
 use crate::error::{Error, Result};
 use crate::stream::StreamRef;
@@ -168,31 +169,36 @@ impl ImportedPointer {
         &self.device
     }
 
-    /// Unmaps the block, ordered on `stream` (of this pointer's device).
+    /// Unmaps the block, ordered on `stream` (of this pointer's device). If binding the device
+    /// fails the block stays mapped, and dropping the pointer (which this does on return) tries
+    /// once more.
     pub fn free(mut self, stream: StreamRef<'_>) -> Result<()> {
         self.release(stream)
     }
 
     fn release(&mut self, stream: StreamRef<'_>) -> Result<()> {
-        let Some(ptr) = self.ptr.take() else {
-            return Ok(());
-        };
-        self.device.bind()?;
-        // SAFETY: an imported pointer, freed once (`take`); the stream is live (borrowed).
-        unsafe { sys::cuMemFreeAsync(ptr, stream.as_raw()) }
-            .result()
-            .map_err(|e| Error::driver("cuMemFreeAsync", e))
+        let device = &self.device;
+        release_once(
+            &mut self.ptr,
+            || device.bind(),
+            |ptr| {
+                // SAFETY: an imported pointer, freed once (`release_once`); the stream is live
+                // (borrowed).
+                unsafe { sys::cuMemFreeAsync(ptr, stream.as_raw()) }
+                    .result()
+                    .map_err(|e| Error::driver("cuMemFreeAsync", e))
+            },
+        )
     }
 }
 
 impl Drop for ImportedPointer {
     fn drop(&mut self) {
         // Drop cannot return the error: it is kept for `take_deferred_error` (callers who
-        // want it at once use `free`).
-        crate::deferred::record(
-            "ImportedPointer drop: cuMemFreeAsync",
-            self.release(StreamRef::DEFAULT),
-        );
+        // want it at once use `free`). A failed bind leaves the block for one more try.
+        release_in_drop("ImportedPointer drop: cuMemFreeAsync", || {
+            self.release(StreamRef::DEFAULT)
+        });
     }
 }
 
