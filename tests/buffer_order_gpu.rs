@@ -146,6 +146,41 @@ fn own_stream_writes_follow_a_foreign_write() {
     );
 }
 
+/// Threads copy one `DeviceVec` into their own, each on a stream of its own (half of them the
+/// per-thread default stream, one handle for a different stream on every thread), while
+/// sharing it by reference. Each copy follows the source's fill on its own stream, and each
+/// destination's read on its own stream follows the copy into it.
+#[test]
+fn concurrent_foreign_copies_follow_the_fill_and_precede_own_stream_reads() {
+    const THREADS: usize = 4;
+    const ROUNDS: u32 = 20;
+    let dev = carve::require_gpu!();
+    let _serial = serial();
+    let own = dev.new_stream().unwrap();
+    let mr: SharedResource = Arc::new(CudaMemoryResource::new(&dev));
+    let mut src = DeviceVec::<u32>::new(N, &own, mr.clone()).unwrap();
+    for round in 0..ROUNDS {
+        src.copy_from_host(&vec![PATTERN ^ round; N]).unwrap();
+        let src = &src;
+        thread::scope(|scope| {
+            for t in 0..THREADS {
+                let (own, mr, dev) = (&own, mr.clone(), &dev);
+                scope.spawn(move || {
+                    let mut dst = DeviceVec::<u32>::zeroed(N, own, mr).unwrap();
+                    let stream = match t % 2 {
+                        0 => dev.context().per_thread_stream(),
+                        _ => dev.new_stream().unwrap().cudarc().clone(),
+                    };
+                    stream.memcpy_dtod(src, &mut dst).unwrap();
+                    let got = dst.to_vec().unwrap();
+                    let bad = got.iter().filter(|&&x| x != PATTERN ^ round).count();
+                    assert_eq!(bad, 0, "thread {t}, round {round}: a stale copy");
+                });
+            }
+        });
+    }
+}
+
 /// A managed block written by stream A while A is held, then freed on A, goes to the default
 /// stream after one event wait (the pool seals it: allocated on a stream of the other shard).
 /// `HostBuffer::zeroed` gets it and zeroes it from the host: its zeros must survive A's write.
