@@ -35,7 +35,8 @@ pub struct DeviceBuffer {
 // SAFETY: the buffer uniquely owns its block; the pointer is an address, and all access goes
 // through driver calls ordered on the stream.
 unsafe impl Send for DeviceBuffer {}
-// SAFETY: `&DeviceBuffer` only exposes reads of plain fields and stream-ordered driver copies.
+// SAFETY: `&DeviceBuffer` only exposes reads of plain fields, stream-ordered driver copies and
+// the foreign-use record, which a mutex guards.
 unsafe impl Sync for DeviceBuffer {}
 
 impl DeviceBuffer {
