@@ -171,12 +171,17 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
                 "ExpandableMemoryResource: headroom {headroom} is not a fraction in [0, 1]"
             )));
         }
+        // One order for both ranges: events on the backing's device, unless given.
+        let order = match options.order {
+            Some(o) => o,
+            None => crate::resource::order_for(backing.properties(), backing.device(), &backing)?,
+        };
         let backing = Arc::new(CountingBacking::new(backing, maximum));
         let range = |chunk: usize| {
             let mut o = VirtualOptions::expandable()
                 .chunk_size(chunk)
                 .maximum(maximum.max(chunk));
-            o.order = options.order.clone();
+            o.order = Some(order.clone());
             o.mark_every_free = options.mark_every_free;
             VirtualMemoryResource::new(backing.clone(), o)
         };
@@ -223,10 +228,11 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
         self.small.check_invariants()?;
         self.large.check_invariants()?;
         let s = self.stats();
-        if s.physical != s.small.mapped + s.large.mapped {
+        let held = s.small.mapped + s.small.unreleased + s.large.mapped + s.large.unreleased;
+        if s.physical != held {
             return Err(format!(
-                "{} bytes in chunks, {} + {} mapped",
-                s.physical, s.small.mapped, s.large.mapped
+                "{} bytes in chunks, {} + {} mapped, {} + {} unreleased",
+                s.physical, s.small.mapped, s.large.mapped, s.small.unreleased, s.large.unreleased
             ));
         }
         Ok(())
