@@ -227,12 +227,14 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         self.small.check_invariants()?;
         self.large.check_invariants()?;
-        let s = self.stats();
-        let held = s.small.mapped + s.small.unreleased + s.large.mapped + s.large.unreleased;
-        if s.physical != held {
+        // Chunks are created and released under a range's lock: with both held, the count
+        // stands still. Nothing else takes both.
+        let (small, large) = (self.small.lock(), self.large.lock());
+        let physical = self.backing.physical();
+        let (s, l) = (small.pages.held_bytes(), large.pages.held_bytes());
+        if physical != s + l {
             return Err(format!(
-                "{} bytes in chunks, {} + {} mapped, {} + {} unreleased",
-                s.physical, s.small.mapped, s.large.mapped, s.small.unreleased, s.large.unreleased
+                "{physical} bytes in chunks, {s} + {l} held by the small and large ranges"
             ));
         }
         Ok(())

@@ -54,13 +54,12 @@ pub use options::{VirtualOptions, VirtualStats};
 pub use simulated::{BackingCounters, BackingFaults, CallTimes, SimulatedBacking};
 
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use self::pages::{Pages, Settled};
-use super::coalescing::core::{
-    allocate_from, footprint, free_into, Placer, PoolCore, Reach, GRAIN,
-};
+use super::coalescing::core::{allocate_from, footprint, Placer, PoolCore, Reach, GRAIN};
 use super::StreamOrder;
 use super::{align_up, check_request, order_for, CudaOrder, MemoryResource, Properties};
 use crate::driver::Device;
@@ -425,10 +424,18 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
         } else {
             Settled::ByStream(stream)
         };
-        if let Err(e) = st
-            .pages
-            .commit(&self.inner.backing, order, settled, start, start + size)
-        {
+        // The commit may unwind out of the order's wait (it leaves the page table as it was):
+        // the block goes back to the index before the panic goes on.
+        let committed = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let backing = &self.inner.backing;
+            st.pages
+                .commit(backing, order, settled, start, start + size)
+        }));
+        let committed = committed.unwrap_or_else(|panic| {
+            let _ = st.core.free(NAME, stream.id(), start, bytes);
+            std::panic::resume_unwind(panic)
+        });
+        if let Err(e) = committed {
             // Never used: back to the index (a block of ours with its own size cannot fail).
             let _ = st.core.free(NAME, stream.id(), start, bytes);
             return Err(match e {
@@ -461,17 +468,15 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
         let (bytes, _) = self.shape(st.pages.page_size(), bytes, align.max(1))?;
         let start = ptr.as_ptr() as usize;
         let st = &mut *st;
-        free_into(
-            &mut st.core,
-            &self.inner.order,
-            NAME,
-            stream,
-            start,
-            bytes,
-            false,
-        )?;
+        let freed = st.core.free(NAME, stream.id(), start, bytes)?;
         let size = align_up(bytes, GRAIN).expect("the block was allocated with this size");
         st.pages.decommit(start, start + size);
+        // The free is booked in full before the order is called, which may fail or unwind. A
+        // failed mark only keeps the fresh blocks private to `stream` (others reach them after
+        // a device-wide synchronisation): nothing to report.
+        if freed.mark_due && self.inner.order.mark(stream).is_ok() {
+            st.core.seal(stream.id());
+        }
         Ok(())
     }
 
@@ -487,8 +492,14 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
 impl<B: PhysicalBacking> Drop for Inner<B> {
     fn drop(&mut self) {
         // Blocks may still be in use by queued work; unmapping needs the device idle. When the
-        // wait fails, that work may still run: every chunk and the reservation leak.
-        let synced = self.order.synchronize_all();
+        // wait fails, that work may still run: every chunk and the reservation leak. A panic
+        // in the order counts as a failure (one out of a drop during unwinding would abort).
+        let synced = std::panic::catch_unwind(AssertUnwindSafe(|| self.order.synchronize_all()))
+            .unwrap_or_else(|_| {
+                Err(Error::InvalidArgument(
+                    "the stream order panicked while waiting for the device".to_owned(),
+                ))
+            });
         if synced.is_err() {
             crate::deferred::record(
                 "VirtualMemoryResource drop: waiting for the device before unmapping",

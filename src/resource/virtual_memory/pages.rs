@@ -146,6 +146,11 @@ impl Pages {
         self.counters.mapped + self.unreleased.len()
     }
 
+    /// Bytes of chunks held: mapped, or refused by the backing.
+    pub fn held_bytes(&self) -> usize {
+        self.held() * self.page
+    }
+
     fn span(&self, start: usize, end: usize) -> std::ops::Range<usize> {
         debug_assert!(start >= self.base && end > start);
         (start - self.base) >> self.shift..((end - 1 - self.base) >> self.shift) + 1
@@ -180,12 +185,42 @@ impl Pages {
                 },
             );
         }
-        let mut missing = 0usize;
-        for i in span.clone() {
-            let p = self.pages[i];
+        // Read first: the wait below may fail or unwind, and must find the table unchanged.
+        let (mut missing, mut own_free) = (0usize, 0usize);
+        for p in &self.pages[span.clone()] {
             if p.handle.is_none() {
                 missing += 1;
             } else if p.refs == 0 {
+                own_free += 1;
+            }
+        }
+        // The free pages left once this block's own leave the list.
+        let free = self.free.len() - own_free;
+        let moves = missing.saturating_sub(self.spare).min(free);
+        let created = missing - moves;
+        if missing > 0 && self.held() + created > self.max_pages {
+            return Err(Error::OutOfMemory {
+                bytes: end - start,
+                resource: super::NAME,
+                detail: format!(
+                    "{missing} more page(s) of {} bytes to map, {free} free to move, {} of {} \
+                     mapped",
+                    self.page, self.counters.mapped, self.max_pages
+                ),
+            });
+        }
+        // Relaxed, as PyTorch does around cudaMalloc: the driver calls of a map or a move (and
+        // a stream's synchronisation) do not invalidate another thread's graph capture.
+        if moves > 0 {
+            // Free pages may still be in use by work queued before their blocks were freed.
+            crate::driver::capture::relaxed(|| match settled {
+                Settled::Device => Ok(()),
+                Settled::ByStream(stream) => order.synchronize(stream),
+                Settled::No => order.synchronize_all(),
+            })?;
+        }
+        for i in span.clone() {
+            if self.pages[i].handle.is_some() && self.pages[i].refs == 0 {
                 self.take_free(i);
             }
             self.pages[i].refs += 1;
@@ -193,27 +228,7 @@ impl Pages {
         if missing == 0 {
             return Ok(());
         }
-        let moves = self.moves_for(missing);
-        let created = missing - moves;
-        if self.held() + created > self.max_pages {
-            self.decommit(start, end);
-            return Err(Error::OutOfMemory {
-                bytes: end - start,
-                resource: super::NAME,
-                detail: format!(
-                    "{missing} more page(s) of {} bytes to map, {} free to move, {} of {} mapped",
-                    self.page,
-                    self.free.len(),
-                    self.counters.mapped,
-                    self.max_pages
-                ),
-            });
-        }
-        // Relaxed, as PyTorch does around cudaMalloc: the driver calls of a map or a move (and
-        // a stream's synchronisation) do not invalidate another thread's graph capture.
-        let mapped = crate::driver::capture::relaxed(|| {
-            self.map_missing(backing, order, settled, moves, span.clone())
-        });
+        let mapped = crate::driver::capture::relaxed(|| self.map_missing(backing, span.clone()));
         if let Err(e) = mapped {
             self.decommit(start, end);
             return Err(e);
@@ -221,22 +236,13 @@ impl Pages {
         Ok(())
     }
 
+    /// Maps the unmapped pages of `span` (the caller waited for the work on free pages) and
+    /// grants access to them; on failure, takes back what it mapped.
     fn map_missing<B: PhysicalBacking>(
         &mut self,
         backing: &B,
-        order: &dyn StreamOrder,
-        settled: Settled<'_>,
-        moves: usize,
         span: std::ops::Range<usize>,
     ) -> Result<()> {
-        // Free pages may still be in use by work queued before their blocks were freed.
-        if moves > 0 {
-            match settled {
-                Settled::Device => {}
-                Settled::ByStream(stream) => order.synchronize(stream)?,
-                Settled::No => order.synchronize_all()?,
-            }
-        }
         let mut mapped_now: Vec<usize> = Vec::new();
         let result = self.map_each(backing, span, &mut mapped_now);
         // One access grant per run of pages mapped now (the expensive call on a GPU).
