@@ -73,8 +73,8 @@ fn gated_reuse<R: MemoryResource>(name: &str, dev: &Device, mr: &R, bytes: usize
             let _ = rx.recv_timeout(SELF_OPEN);
             gate.open();
         });
-        // SAFETY: allocated above with these arguments, freed once; A's write is queued on A.
         let ptr = NonNull::new(x as *mut u8).unwrap();
+        // SAFETY: allocated above with these arguments, freed once; A's write is queued on A.
         unsafe { mr.deallocate(sa.as_ref(), ptr, bytes, 256) }.unwrap();
         let y = mr.allocate(sb.as_ref(), bytes, 256).unwrap().as_ptr() as usize;
         fill(dev, &sb, y, words, B_DELTA);
