@@ -260,7 +260,9 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
 
     /// Unmaps and frees every page no live block touches, after waiting for all work on the
     /// device. Returns the bytes released. Addresses stay reserved; blocks placed there later
-    /// map pages again.
+    /// map pages again. When the wait fails nothing is unmapped; a page whose unmap the backing
+    /// refuses stays mapped and free, and a chunk whose release it refuses stays held
+    /// ([`VirtualStats::unreleased`]): the next trim, or the drop, tries again.
     pub fn trim(&self) -> Result<usize> {
         let mut st = self.lock();
         self.inner.order.synchronize_all()?;
