@@ -54,9 +54,10 @@ pub(super) struct ClassChain {
 
 impl Drop for GeneralGrowth {
     fn drop(&mut self) {
-        // Kernels on any stream may still use the heap; unmapping needs them done.
+        // Kernels on any stream may still use the heap; unmapping needs them done, and after a
+        // failed wait the range leaks.
         let r = self.device.synchronize();
-        crate::deferred::record("DeviceHeap drop: waiting to unmap a general heap", r);
+        self.range.after_wait(r);
     }
 }
 
@@ -347,9 +348,9 @@ impl DeviceHeap {
         })
     }
 
-    /// Mapped bytes of a growable general heap.
+    /// Physical bytes a growable general heap holds.
     pub(super) fn general_mapped(&self) -> Option<usize> {
-        self.growth.general.as_ref().map(|g| g.range.mapped())
+        self.growth.general.as_ref().map(|g| g.range.held())
     }
 
     fn plan(&self) -> Result<&GeneralPlan> {
@@ -394,7 +395,7 @@ impl DeviceHeap {
             let g = self.general_growth()?;
             let end = g.class_end(c);
             let room = max
-                .saturating_sub(g.range.mapped())
+                .saturating_sub(g.range.held())
                 .min(g.stride.saturating_sub(end));
             let want = segment_capacity(total, left, step);
             let cap = plan_segment(kind, flags, want, left, chunk, Some(room))?;

@@ -47,7 +47,7 @@ pub use pinned::{
 pub use pool::{PoolMemoryResource, PoolOptions, PoolStats};
 pub use simulated::{SimulatedMemoryResource, SimulatedUsage};
 #[cfg(feature = "cli")]
-pub(crate) use stream_order::default_order;
+pub(crate) use stream_order::{default_order, order_for};
 pub use stream_order::{
     CheckedCounts, CheckedOrder, CheckedResource, CountingOrder, CudaOrder, HostOrder, OrderCounts,
     OrderEvent, OrderFaults, RecordingOrder, StreamOrder, MARK_EVERY,
@@ -57,9 +57,10 @@ pub use virtual_memory::HostBacking;
 #[cfg(unix)]
 pub use virtual_memory::ImportedChunk;
 pub use virtual_memory::{
-    BackingCounters, CallTimes, ChunkLocation, CountingBacking, CudaBacking, CudaBackingOptions,
-    ExpandableMemoryResource, ExpandableOptions, ExpandableStats, PhysicalBacking, PhysicalHandle,
-    SimulatedBacking, VirtualMemoryResource, VirtualOptions, VirtualStats,
+    BackingCounters, BackingFaults, CallTimes, ChunkLocation, CountingBacking, CudaBacking,
+    CudaBackingOptions, ExpandableMemoryResource, ExpandableOptions, ExpandableStats,
+    PhysicalBacking, PhysicalHandle, SimulatedBacking, VirtualMemoryResource, VirtualOptions,
+    VirtualStats,
 };
 
 use std::fmt;

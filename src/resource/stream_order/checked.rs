@@ -299,17 +299,24 @@ unsafe impl<R: MemoryResource> MemoryResource for CheckedResource<R> {
         bytes: usize,
         align: usize,
     ) -> Result<()> {
-        // SAFETY: forwarded caller contract.
-        unsafe { self.inner.deallocate(stream, ptr, bytes, align) }?;
-        let mut s = self.order.lock();
         let start = ptr.as_ptr() as usize;
         let end = start.saturating_add(bytes);
-        s.take(start, end);
         if !self.upstream {
+            // Booked before the free: once the inner free is done another thread may take the
+            // block at once, and an ordering call between that free and a later booking would
+            // not count as covering it.
+            let mut s = self.order.lock();
+            s.take(start, end);
             let t = s.tick();
             s.freed.insert(start, (end, stream.id(), t));
         }
-        Ok(())
+        // SAFETY: forwarded caller contract.
+        let freed = unsafe { self.inner.deallocate(stream, ptr, bytes, align) };
+        if freed.is_err() || self.upstream {
+            // Refused: the block is still live. Upstream: freed after the device is done.
+            self.order.lock().take(start, end);
+        }
+        freed
     }
 
     fn properties(&self) -> Properties {

@@ -327,10 +327,20 @@ impl StreamOrder for CudaOrder {
 pub(crate) fn default_order<R: MemoryResource + ?Sized>(
     upstream: &R,
 ) -> Result<Arc<dyn StreamOrder>> {
-    match (upstream.properties().device_accessible, upstream.device()) {
+    order_for(upstream.properties(), upstream.device(), &upstream)
+}
+
+/// The ordering memory with `properties` on `device` needs (see [`default_order`]); `source`
+/// names where it comes from in the error.
+pub(crate) fn order_for(
+    properties: super::Properties,
+    device: Option<Device>,
+    source: &dyn fmt::Debug,
+) -> Result<Arc<dyn StreamOrder>> {
+    match (properties.device_accessible, device) {
         (true, Some(device)) => Ok(Arc::new(CudaOrder::new(&device))),
         (true, None) => Err(Error::InvalidArgument(format!(
-            "{upstream:?} gives device-accessible memory but names no device; pass a stream \
+            "{source:?} gives device-accessible memory but names no device; pass a stream \
              order explicitly"
         ))),
         (false, _) => Ok(Arc::new(HostOrder)),

@@ -171,12 +171,17 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
                 "ExpandableMemoryResource: headroom {headroom} is not a fraction in [0, 1]"
             )));
         }
+        // One order for both ranges: events on the backing's device, unless given.
+        let order = match options.order {
+            Some(o) => o,
+            None => crate::resource::order_for(backing.properties(), backing.device(), &backing)?,
+        };
         let backing = Arc::new(CountingBacking::new(backing, maximum));
         let range = |chunk: usize| {
             let mut o = VirtualOptions::expandable()
                 .chunk_size(chunk)
                 .maximum(maximum.max(chunk));
-            o.order = options.order.clone();
+            o.order = Some(order.clone());
             o.mark_every_free = options.mark_every_free;
             VirtualMemoryResource::new(backing.clone(), o)
         };
@@ -222,11 +227,14 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         self.small.check_invariants()?;
         self.large.check_invariants()?;
-        let s = self.stats();
-        if s.physical != s.small.mapped + s.large.mapped {
+        // Chunks are created and released under a range's lock: with both held, the count
+        // stands still. Nothing else takes both.
+        let (small, large) = (self.small.lock(), self.large.lock());
+        let physical = self.backing.physical();
+        let (s, l) = (small.pages.held_bytes(), large.pages.held_bytes());
+        if physical != s + l {
             return Err(format!(
-                "{} bytes in chunks, {} + {} mapped",
-                s.physical, s.small.mapped, s.large.mapped
+                "{physical} bytes in chunks, {s} + {l} held by the small and large ranges"
             ));
         }
         Ok(())

@@ -37,6 +37,7 @@ mod expandable;
 mod host_backing;
 #[cfg(unix)]
 mod imported;
+mod options;
 mod pages;
 mod simulated;
 
@@ -49,145 +50,23 @@ pub use expandable::{ExpandableMemoryResource, ExpandableOptions, ExpandableStat
 pub use host_backing::HostBacking;
 #[cfg(unix)]
 pub use imported::ImportedChunk;
-pub use simulated::{BackingCounters, CallTimes, SimulatedBacking};
+pub use options::{VirtualOptions, VirtualStats};
+pub use simulated::{BackingCounters, BackingFaults, CallTimes, SimulatedBacking};
 
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use self::pages::{Pages, Settled};
-use super::coalescing::core::{
-    allocate_from, footprint, free_into, Placer, PoolCore, Reach, GRAIN,
-};
+use super::coalescing::core::{allocate_from, footprint, Placer, PoolCore, Reach, GRAIN};
 use super::StreamOrder;
-use super::{align_up, check_request, CudaOrder, HostOrder, MemoryResource, Properties};
+use super::{align_up, check_request, order_for, CudaOrder, MemoryResource, Properties};
 use crate::driver::Device;
 use crate::error::{Error, Result};
 use crate::stream::StreamRef;
 
 pub(crate) const NAME: &str = "VirtualMemoryResource";
-
-/// How a [`VirtualMemoryResource`] is sized.
-#[derive(Clone, Default)]
-pub struct VirtualOptions {
-    /// The most physical bytes mapped at once; `None`: the device's memory (the simulated
-    /// capacity).
-    pub maximum: Option<usize>,
-    /// Bytes per physical chunk (page): a power-of-two multiple of the backing's granularity;
-    /// `None`: the granularity (2 MiB on current GPUs).
-    pub chunk_size: Option<usize>,
-    /// Bytes of address space to reserve; `None`: four times the maximum.
-    pub reserve: Option<usize>,
-    /// Blocks share pages (the expandable pool) rather than each taking whole chunks.
-    pub expandable: bool,
-    /// How streams are ordered; `None`: events on the device for the CUDA backing, nothing for
-    /// simulated memory.
-    pub order: Option<Arc<dyn StreamOrder>>,
-    /// While several streams allocate, mark a stream at every free (an event record: 120–670 ns
-    /// on an H100, the most on the legacy default stream) and hand blocks to every stream once
-    /// the device is past them: less memory across streams, slower frees. Off by default.
-    pub mark_every_free: bool,
-}
-
-impl VirtualOptions {
-    /// Whole-chunk blocks, sized by the device.
-    pub fn new() -> Self {
-        Self::default()
-    }
-    /// Blocks of 256-byte grains sharing pages: the expandable pool.
-    pub fn expandable() -> Self {
-        VirtualOptions {
-            expandable: true,
-            ..Self::default()
-        }
-    }
-    /// Bounds the physical memory mapped at once.
-    pub fn maximum(mut self, bytes: usize) -> Self {
-        self.maximum = Some(bytes);
-        self
-    }
-    /// Sets the chunk (page) size.
-    pub fn chunk_size(mut self, bytes: usize) -> Self {
-        self.chunk_size = Some(bytes);
-        self
-    }
-    /// Sets the address space reserved.
-    pub fn reserve(mut self, bytes: usize) -> Self {
-        self.reserve = Some(bytes);
-        self
-    }
-    /// Uses `order` between streams.
-    pub fn order(mut self, order: Arc<dyn StreamOrder>) -> Self {
-        self.order = Some(order);
-        self
-    }
-}
-
-impl fmt::Debug for VirtualOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("VirtualOptions")
-            .field("maximum", &self.maximum)
-            .field("chunk_size", &self.chunk_size)
-            .field("reserve", &self.reserve)
-            .field("expandable", &self.expandable)
-            .field("order", &self.order)
-            .field("mark_every_free", &self.mark_every_free)
-            .finish()
-    }
-}
-
-/// A snapshot of a [`VirtualMemoryResource`].
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct VirtualStats {
-    /// Bytes of address space reserved.
-    pub reserved: usize,
-    /// Bytes of the range in use by the block index (it grows in place).
-    pub extent: usize,
-    /// Physical bytes mapped now (including free pages).
-    pub mapped: usize,
-    /// The most physical bytes mapped at once: what the resource took from the device.
-    pub peak_mapped: usize,
-    /// Mapped bytes of pages no live block touches.
-    pub free_mapped: usize,
-    /// The bound on mapped bytes.
-    pub maximum: usize,
-    /// The largest request that could be mapped now (free pages plus pages never created).
-    pub mappable: usize,
-    /// Bytes in live blocks (rounded to blocks).
-    pub bytes_in_use: usize,
-    /// Live blocks.
-    pub live_blocks: usize,
-    /// The largest free block of the range in use.
-    pub largest_free_block: usize,
-    /// Bytes per chunk (page).
-    pub chunk_size: usize,
-    /// Chunks created.
-    pub chunks_created: u64,
-    /// Chunks moved from a free page to one that was needed.
-    pub chunks_moved: u64,
-    /// Chunks released (trim, failures).
-    pub chunks_released: u64,
-    /// Successful `map` calls (one per page mapped: a created or a moved chunk).
-    pub maps: u64,
-    /// Successful `unmap` calls (moves, trims, failures).
-    pub unmaps: u64,
-    /// Successful `set_access` calls (one per run of pages mapped at once).
-    pub access_grants: u64,
-    /// Device-wide synchronisations (before moves and trims, and to reach other streams' free
-    /// blocks).
-    pub synchronizations: u64,
-    /// Synchronisations of the allocating stream alone, before moves when no other stream held
-    /// free blocks.
-    pub stream_synchronizations: u64,
-    /// Wall time in synchronisations of either kind.
-    pub synchronization_time: std::time::Duration,
-    /// Marks recorded on streams (event records), for other streams to reach their free blocks.
-    pub marks: u64,
-    /// Queries whether a mark is done ([`StreamOrder::mark_complete`]).
-    pub mark_queries: u64,
-    /// Wall time in marks and queries.
-    pub mark_time: std::time::Duration,
-}
 
 /// One reserved virtual range that grows in place, mapping physical chunks on demand. Cheap to
 /// clone (clones share the resource).
@@ -317,7 +196,7 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
         };
         let order = match options.order {
             Some(o) => o,
-            None => Arc::new(HostOrder),
+            None => order_for(backing.properties(), backing.device(), &backing)?,
         };
         let base = backing.reserve(reserved, page)?;
         Ok(VirtualMemoryResource {
@@ -357,6 +236,7 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
             mapped: c.mapped * page,
             peak_mapped: c.peak_mapped * page,
             free_mapped: c.free * page,
+            unreleased: st.pages.unreleased() * page,
             maximum: st.pages.max_pages() * page,
             mappable: st.pages.mappable_bytes(),
             bytes_in_use: st.core.in_use(),
@@ -380,7 +260,9 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
 
     /// Unmaps and frees every page no live block touches, after waiting for all work on the
     /// device. Returns the bytes released. Addresses stay reserved; blocks placed there later
-    /// map pages again.
+    /// map pages again. When the wait fails nothing is unmapped; a page whose unmap the backing
+    /// refuses stays mapped and free, and a chunk whose release it refuses stays held
+    /// ([`VirtualStats::unreleased`]): the next trim, or the drop, tries again.
     pub fn trim(&self) -> Result<usize> {
         let mut st = self.lock();
         self.inner.order.synchronize_all()?;
@@ -544,10 +426,18 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
         } else {
             Settled::ByStream(stream)
         };
-        if let Err(e) = st
-            .pages
-            .commit(&self.inner.backing, order, settled, start, start + size)
-        {
+        // The commit may unwind out of the order's wait (it leaves the page table as it was):
+        // the block goes back to the index before the panic goes on.
+        let committed = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let backing = &self.inner.backing;
+            st.pages
+                .commit(backing, order, settled, start, start + size)
+        }));
+        let committed = committed.unwrap_or_else(|panic| {
+            let _ = st.core.free(NAME, stream.id(), start, bytes);
+            std::panic::resume_unwind(panic)
+        });
+        if let Err(e) = committed {
             // Never used: back to the index (a block of ours with its own size cannot fail).
             let _ = st.core.free(NAME, stream.id(), start, bytes);
             return Err(match e {
@@ -580,17 +470,15 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
         let (bytes, _) = self.shape(st.pages.page_size(), bytes, align.max(1))?;
         let start = ptr.as_ptr() as usize;
         let st = &mut *st;
-        free_into(
-            &mut st.core,
-            &self.inner.order,
-            NAME,
-            stream,
-            start,
-            bytes,
-            false,
-        )?;
+        let freed = st.core.free(NAME, stream.id(), start, bytes)?;
         let size = align_up(bytes, GRAIN).expect("the block was allocated with this size");
         st.pages.decommit(start, start + size);
+        // The free is booked in full before the order is called, which may fail or unwind. A
+        // failed mark only keeps the fresh blocks private to `stream` (others reach them after
+        // a device-wide synchronisation): nothing to report.
+        if freed.mark_due && self.inner.order.mark(stream).is_ok() {
+            st.core.seal(stream.id());
+        }
         Ok(())
     }
 
@@ -605,13 +493,28 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
 
 impl<B: PhysicalBacking> Drop for Inner<B> {
     fn drop(&mut self) {
-        // Blocks may still be in use by queued work; unmapping needs the device idle. Drop
-        // cannot report a failure.
-        let _ = self.order.synchronize_all();
+        // Blocks may still be in use by queued work; unmapping needs the device idle. When the
+        // wait fails, that work may still run: every chunk and the reservation leak. A panic
+        // in the order counts as a failure (one out of a drop during unwinding would abort).
+        let synced = std::panic::catch_unwind(AssertUnwindSafe(|| self.order.synchronize_all()))
+            .unwrap_or_else(|_| {
+                Err(Error::InvalidArgument(
+                    "the stream order panicked while waiting for the device".to_owned(),
+                ))
+            });
+        if synced.is_err() {
+            crate::deferred::record(
+                "VirtualMemoryResource drop: waiting for the device before unmapping",
+                synced,
+            );
+            return;
+        }
         let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
-        st.pages.release_all(&self.backing);
-        // SAFETY: our reservation, with every page unmapped above; never used again.
-        let _ = unsafe { self.backing.free_reservation(self.base, self.reserved) };
+        if st.pages.release_all(&self.backing) {
+            // SAFETY: our reservation, with every page unmapped above; never used again.
+            let r = unsafe { self.backing.free_reservation(self.base, self.reserved) };
+            crate::deferred::record("VirtualMemoryResource drop: returning the reservation", r);
+        }
     }
 }
 
@@ -625,6 +528,8 @@ impl<B: PhysicalBacking> fmt::Debug for VirtualMemoryResource<B> {
     }
 }
 
+#[cfg(test)]
+mod fault_tests;
 #[cfg(test)]
 mod placement_tests;
 #[cfg(test)]

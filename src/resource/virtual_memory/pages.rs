@@ -74,6 +74,17 @@ pub(crate) struct Pages {
     stale: Cell<bool>,
     /// Pages the next commits may create although free pages could move instead.
     spare: usize,
+    /// Chunks taken off their pages whose unmap or release the backing refused: still held,
+    /// counted against `max_pages`, and tried again by the next trim and at drop.
+    unreleased: Vec<Unreleased>,
+}
+
+/// A chunk no page holds any more that the backing did not take back.
+#[derive(Clone, Copy, Debug)]
+struct Unreleased {
+    handle: PhysicalHandle,
+    /// Where it is still mapped, when its unmap was refused (never handed out: no access).
+    mapped_at: Option<usize>,
 }
 
 impl Pages {
@@ -90,6 +101,7 @@ impl Pages {
             mapped_before: RefCell::new(vec![0]),
             stale: Cell::new(false),
             spare: 0,
+            unreleased: Vec::new(),
         }
     }
 
@@ -121,7 +133,22 @@ impl Pages {
 
     /// Bytes a request could still map: pages never created plus free pages.
     pub fn mappable_bytes(&self) -> usize {
-        (self.max_pages - self.counters.mapped + self.free.len()) * self.page
+        (self.max_pages - self.held() + self.free.len()) * self.page
+    }
+
+    /// Chunks whose unmap or release the backing refused, held until a retry succeeds.
+    pub fn unreleased(&self) -> usize {
+        self.unreleased.len()
+    }
+
+    /// Chunks held: mapped, or refused by the backing.
+    fn held(&self) -> usize {
+        self.counters.mapped + self.unreleased.len()
+    }
+
+    /// Bytes of chunks held: mapped, or refused by the backing.
+    pub fn held_bytes(&self) -> usize {
+        self.held() * self.page
     }
 
     fn span(&self, start: usize, end: usize) -> std::ops::Range<usize> {
@@ -158,12 +185,42 @@ impl Pages {
                 },
             );
         }
-        let mut missing = 0usize;
-        for i in span.clone() {
-            let p = self.pages[i];
+        // Read first: the wait below may fail or unwind, and must find the table unchanged.
+        let (mut missing, mut own_free) = (0usize, 0usize);
+        for p in &self.pages[span.clone()] {
             if p.handle.is_none() {
                 missing += 1;
             } else if p.refs == 0 {
+                own_free += 1;
+            }
+        }
+        // The free pages left once this block's own leave the list.
+        let free = self.free.len() - own_free;
+        let moves = missing.saturating_sub(self.spare).min(free);
+        let created = missing - moves;
+        if missing > 0 && self.held() + created > self.max_pages {
+            return Err(Error::OutOfMemory {
+                bytes: end - start,
+                resource: super::NAME,
+                detail: format!(
+                    "{missing} more page(s) of {} bytes to map, {free} free to move, {} of {} \
+                     mapped",
+                    self.page, self.counters.mapped, self.max_pages
+                ),
+            });
+        }
+        // Relaxed, as PyTorch does around cudaMalloc: the driver calls of a map or a move (and
+        // a stream's synchronisation) do not invalidate another thread's graph capture.
+        if moves > 0 {
+            // Free pages may still be in use by work queued before their blocks were freed.
+            crate::driver::capture::relaxed(|| match settled {
+                Settled::Device => Ok(()),
+                Settled::ByStream(stream) => order.synchronize(stream),
+                Settled::No => order.synchronize_all(),
+            })?;
+        }
+        for i in span.clone() {
+            if self.pages[i].handle.is_some() && self.pages[i].refs == 0 {
                 self.take_free(i);
             }
             self.pages[i].refs += 1;
@@ -171,27 +228,7 @@ impl Pages {
         if missing == 0 {
             return Ok(());
         }
-        let moves = self.moves_for(missing);
-        let created = missing - moves;
-        if self.counters.mapped + created > self.max_pages {
-            self.decommit(start, end);
-            return Err(Error::OutOfMemory {
-                bytes: end - start,
-                resource: super::NAME,
-                detail: format!(
-                    "{missing} more page(s) of {} bytes to map, {} free to move, {} of {} mapped",
-                    self.page,
-                    self.free.len(),
-                    self.counters.mapped,
-                    self.max_pages
-                ),
-            });
-        }
-        // Relaxed, as PyTorch does around cudaMalloc: the driver calls of a map or a move (and
-        // a stream's synchronisation) do not invalidate another thread's graph capture.
-        let mapped = crate::driver::capture::relaxed(|| {
-            self.map_missing(backing, order, settled, moves, span.clone())
-        });
+        let mapped = crate::driver::capture::relaxed(|| self.map_missing(backing, span.clone()));
         if let Err(e) = mapped {
             self.decommit(start, end);
             return Err(e);
@@ -199,22 +236,13 @@ impl Pages {
         Ok(())
     }
 
+    /// Maps the unmapped pages of `span` (the caller waited for the work on free pages) and
+    /// grants access to them; on failure, takes back what it mapped.
     fn map_missing<B: PhysicalBacking>(
         &mut self,
         backing: &B,
-        order: &dyn StreamOrder,
-        settled: Settled<'_>,
-        moves: usize,
         span: std::ops::Range<usize>,
     ) -> Result<()> {
-        // Free pages may still be in use by work queued before their blocks were freed.
-        if moves > 0 {
-            match settled {
-                Settled::Device => {}
-                Settled::ByStream(stream) => order.synchronize(stream)?,
-                Settled::No => order.synchronize_all()?,
-            }
-        }
         let mut mapped_now: Vec<usize> = Vec::new();
         let result = self.map_each(backing, span, &mut mapped_now);
         // One access grant per run of pages mapped now (the expensive call on a GPU).
@@ -237,15 +265,11 @@ impl Pages {
             // Pages mapped now without access must never be handed out: take them back.
             for &i in &mapped_now {
                 let h = self.set_handle(i, None).expect("mapped just now");
-                // SAFETY: mapped just now by us, never handed out (no access yet).
-                unsafe {
-                    if backing.unmap(self.base + i * self.page, self.page).is_ok() {
-                        self.counters.unmaps += 1;
-                    }
-                    let _ = backing.release(h, self.page);
-                }
                 self.counters.mapped -= 1;
-                self.counters.releases += 1;
+                let va = self.base + i * self.page;
+                // SAFETY: mapped just now by us at `va`, never handed out (no access yet). The
+                // call's own error is the one to report; a refused chunk stays in the books.
+                let _ = unsafe { self.drop_chunk(backing, h, Some(va)) };
             }
         }
         granted
@@ -298,10 +322,13 @@ impl Pages {
             // SAFETY: page `i` lies in our reservation, is aligned and unmapped; `handle` is a
             // live chunk of one page, mapped nowhere.
             if let Err(e) = unsafe { backing.map(va, self.page, handle) } {
-                // SAFETY: the chunk is mapped nowhere and no longer referenced.
-                let _ = unsafe { backing.release(handle, self.page) };
-                if moved {
-                    self.counters.releases += 1;
+                let released = self.counters.releases;
+                // SAFETY: the chunk is mapped nowhere and no longer referenced. The map's error
+                // is the one to report; a refused chunk stays in the books.
+                let _ = unsafe { self.drop_chunk(backing, handle, None) };
+                if !moved {
+                    // A chunk created for this map was never counted as created.
+                    self.counters.releases = released;
                 }
                 return Err(e);
             }
@@ -381,10 +408,65 @@ impl Pages {
         self.pages[i].free_at = NOT_FREE;
     }
 
-    /// Unmaps and releases every free page (the caller has synchronised the device). Returns
-    /// the bytes released; stops at the first driver error.
+    /// Unmaps chunk `h` from `mapped_at` (when mapped) and releases it. Whatever the backing
+    /// refuses stays in `unreleased` (still mapped, if the unmap was refused) for a retry.
+    ///
+    /// # Safety
+    /// `mapped_at` is exactly one earlier map of `h` that no work and no live block uses; no
+    /// page refers to `h` any more.
+    unsafe fn drop_chunk<B: PhysicalBacking>(
+        &mut self,
+        backing: &B,
+        h: PhysicalHandle,
+        mapped_at: Option<usize>,
+    ) -> Result<()> {
+        if let Some(va) = mapped_at {
+            // SAFETY: the caller's contract.
+            if let Err(e) = unsafe { backing.unmap(va, self.page) } {
+                self.unreleased.push(Unreleased {
+                    handle: h,
+                    mapped_at,
+                });
+                return Err(e);
+            }
+            self.counters.unmaps += 1;
+        }
+        // SAFETY: unmapped (above, or by the caller) and referenced nowhere else.
+        if let Err(e) = unsafe { backing.release(h, self.page) } {
+            self.unreleased.push(Unreleased {
+                handle: h,
+                mapped_at: None,
+            });
+            return Err(e);
+        }
+        self.counters.releases += 1;
+        Ok(())
+    }
+
+    /// Tries again to unmap and release the chunks the backing refused before (the caller has
+    /// synchronised the device). Returns the bytes released, or the first refusal (every chunk
+    /// is tried; those refused again stay).
+    fn retry_unreleased<B: PhysicalBacking>(&mut self, backing: &B) -> Result<usize> {
+        let (mut released, mut first) = (0, None);
+        for u in std::mem::take(&mut self.unreleased) {
+            // SAFETY: each was taken off its page with no live block on it, never handed out
+            // again, and the device is idle.
+            match unsafe { self.drop_chunk(backing, u.handle, u.mapped_at) } {
+                Ok(()) => released += self.page,
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        first.map_or(Ok(released), Err)
+    }
+
+    /// Unmaps and releases every free page, and the chunks refused before (the caller has
+    /// synchronised the device). Returns the bytes released; stops at the first refusal, which
+    /// leaves the page mapped and free (a refused unmap) or its chunk in `unreleased` (a refused
+    /// release), for the next trim.
     pub fn trim<B: PhysicalBacking>(&mut self, backing: &B) -> Result<usize> {
-        let mut released = 0;
+        let mut released = self.retry_unreleased(backing)?;
         while let Some(&j) = self.free.last() {
             let j = j as usize;
             let h = self.pages[j].handle.expect("free pages are mapped");
@@ -395,29 +477,32 @@ impl Pages {
             self.set_handle(j, None);
             self.pages[j].free_at = NOT_FREE;
             self.counters.mapped -= 1;
-            self.counters.releases += 1;
             // SAFETY: just unmapped, referenced nowhere.
-            unsafe { backing.release(h, self.page)? };
+            unsafe { self.drop_chunk(backing, h, None)? };
             released += self.page;
         }
         Ok(released)
     }
 
-    /// Unmaps and releases every mapped page, for drop (errors ignored: drop cannot report).
-    pub fn release_all<B: PhysicalBacking>(&mut self, backing: &B) {
-        self.stale.set(true);
-        for (i, p) in self.pages.iter_mut().enumerate() {
-            if let Some(h) = p.handle.take() {
+    /// Unmaps and releases every chunk, for drop after a successful device-wide
+    /// synchronisation. Every refusal is recorded ([`crate::deferred`]) and its chunk leaked;
+    /// returns whether nothing stays mapped, so that the reservation may go.
+    pub fn release_all<B: PhysicalBacking>(&mut self, backing: &B) -> bool {
+        let retried = self.retry_unreleased(backing);
+        crate::deferred::record("VirtualMemoryResource drop: returning a chunk", retried);
+        for i in 0..self.pages.len() {
+            if let Some(h) = self.set_handle(i, None) {
+                self.pages[i].free_at = NOT_FREE;
+                self.counters.mapped -= 1;
+                let va = self.base + i * self.page;
                 // SAFETY: the resource is being dropped after a device-wide synchronisation; no
                 // block outlives it.
-                unsafe {
-                    let _ = backing.unmap(self.base + i * self.page, self.page);
-                    let _ = backing.release(h, self.page);
-                }
+                let r = unsafe { self.drop_chunk(backing, h, Some(va)) };
+                crate::deferred::record("VirtualMemoryResource drop: returning a chunk", r);
             }
         }
         self.free.clear();
-        self.counters.mapped = 0;
+        self.unreleased.iter().all(|u| u.mapped_at.is_none())
     }
 }
 

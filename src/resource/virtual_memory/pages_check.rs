@@ -46,10 +46,12 @@ impl Pages {
                 return Err("the prefix count of mapped pages is out of date".into());
             }
         }
-        if mapped != self.counters.mapped || mapped > self.max_pages {
+        if mapped != self.counters.mapped || mapped + self.unreleased.len() > self.max_pages {
             return Err(format!(
-                "{mapped} pages mapped, counted {} (max {})",
-                self.counters.mapped, self.max_pages
+                "{mapped} pages mapped, counted {}, {} chunks unreleased (max {})",
+                self.counters.mapped,
+                self.unreleased.len(),
+                self.max_pages
             ));
         }
         Ok(())

@@ -4,7 +4,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use cudarc::driver::sys::CUresult;
+use cudarc::driver::DriverError;
+
 use super::backing::{PhysicalBacking, PhysicalHandle};
+use crate::adaptor::FaultPattern;
 use crate::error::{Error, Result};
 use crate::resource::Properties;
 
@@ -38,6 +42,20 @@ struct SimState {
     next_handle: PhysicalHandle,
     physical: usize,
     counters: BackingCounters,
+    faults: BackingFaults,
+    /// `unmap` and `release` calls since the faults were set.
+    unmap_calls: u64,
+    release_calls: u64,
+}
+
+/// Which of a [`SimulatedBacking`]'s calls the driver refuses (`CUDA_ERROR_UNKNOWN`, nothing
+/// changed), for tests of what a resource does when an unmap or a release fails.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BackingFaults {
+    /// `unmap` calls that fail, numbered from 1 since [`SimulatedBacking::set_faults`].
+    pub unmaps: FaultPattern,
+    /// `release` calls that fail, numbered likewise.
+    pub releases: FaultPattern,
 }
 
 /// What a [`SimulatedBacking`] was asked to do, for tests and reports.
@@ -120,6 +138,23 @@ impl SimulatedBacking {
         self.lock().counters
     }
 
+    /// Makes the calls `faults` picks fail from now on (call numbers restart at 1).
+    pub fn set_faults(&self, faults: BackingFaults) {
+        let mut s = self.lock();
+        s.faults = faults;
+        (s.unmap_calls, s.release_calls) = (0, 0);
+    }
+
+    /// Chunks created and not released.
+    pub fn live_chunks(&self) -> usize {
+        self.lock().chunks.len()
+    }
+
+    /// Reservations live now.
+    pub fn live_reservations(&self) -> usize {
+        self.lock().reservations.len()
+    }
+
     /// Mappings live now.
     pub fn live_mappings(&self) -> usize {
         self.lock().maps.len()
@@ -140,6 +175,11 @@ impl SimulatedBacking {
         }
         Ok(())
     }
+}
+
+/// An injected driver failure of `call`.
+fn injected(call: &'static str) -> Error {
+    Error::driver(call, DriverError(CUresult::CUDA_ERROR_UNKNOWN))
 }
 
 fn bad(why: String) -> Error {
@@ -215,6 +255,10 @@ unsafe impl PhysicalBacking for SimulatedBacking {
 
     unsafe fn release(&self, handle: PhysicalHandle, size: usize) -> Result<()> {
         let mut s = self.lock();
+        s.release_calls += 1;
+        if s.faults.releases.fails(s.release_calls) {
+            return Err(injected("cuMemRelease"));
+        }
         match s.chunks.get(&handle) {
             None => return Err(bad(format!("release of unknown chunk {handle}"))),
             Some(&(_, mapped)) if mapped > 0 => {
@@ -284,6 +328,10 @@ unsafe impl PhysicalBacking for SimulatedBacking {
 
     unsafe fn unmap(&self, va: usize, size: usize) -> Result<()> {
         let mut s = self.lock();
+        s.unmap_calls += 1;
+        if s.faults.unmaps.fails(s.unmap_calls) {
+            return Err(injected("cuMemUnmap"));
+        }
         let Some(&(ms, h)) = s.maps.get(&va) else {
             return Err(bad(format!("unmap of {va:#x}, which is not a mapping")));
         };
