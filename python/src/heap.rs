@@ -2,6 +2,7 @@
 //! (`carve_slab_alloc` / `carve_bump_alloc`, or their `carve_numba_*` forms, linked from
 //! `carve.ptx_path()`).
 
+use std::mem::ManuallyDrop;
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
@@ -18,8 +19,18 @@ use crate::resource::resource_of;
 #[pyclass(frozen, module = "carve._carve")]
 #[derive(Debug)]
 pub struct DeviceHeap {
-    heap: Mutex<carve::DeviceHeap>,
+    /// Taken only by `Drop`.
+    heap: ManuallyDrop<Mutex<carve::DeviceHeap>>,
     address: u64,
+}
+
+impl Drop for DeviceHeap {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here; the field is not used afterwards.
+        let heap = unsafe { ManuallyDrop::take(&mut self.heap) };
+        // Freeing the region may wait for the device.
+        Python::attach(|py| py.detach(move || drop(heap)));
+    }
 }
 
 impl DeviceHeap {
@@ -57,7 +68,7 @@ impl DeviceHeap {
         })?;
         let address = heap.device_ptr();
         Ok(DeviceHeap {
-            heap: Mutex::new(heap),
+            heap: ManuallyDrop::new(Mutex::new(heap)),
             address,
         })
     }
@@ -80,7 +91,7 @@ impl DeviceHeap {
         })?;
         let address = heap.device_ptr();
         Ok(DeviceHeap {
-            heap: Mutex::new(heap),
+            heap: ManuallyDrop::new(Mutex::new(heap)),
             address,
         })
     }

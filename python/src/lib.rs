@@ -12,6 +12,7 @@ mod resource;
 mod stream;
 
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -24,7 +25,7 @@ use crate::resource::Resource;
 /// Makes `resource` current for `device`; returns the resource it replaces.
 #[pyfunction]
 fn set_current_resource(py: Python<'_>, device: usize, resource: &Resource) -> PyResult<Resource> {
-    let entry = resource.entry.clone();
+    let entry = Arc::clone(&resource.entry);
     let previous = py
         .detach(|| carve_capi::current::set(device, entry))
         .map_err(to_py)?;
@@ -106,15 +107,18 @@ fn deferred_error_count() -> u64 {
 /// Binds PyTorch slot `slot` (`carve_torch_alloc_<slot>`) to `resource` (None unbinds).
 #[pyfunction]
 #[pyo3(signature = (slot, resource))]
-fn torch_bind_slot(slot: usize, resource: Option<&Resource>) -> PyResult<()> {
-    frameworks::bind_torch_slot(slot, resource.map(|r| r.entry.clone())).map_err(to_py)
+fn torch_bind_slot(py: Python<'_>, slot: usize, resource: Option<&Resource>) -> PyResult<()> {
+    let entry = resource.map(|r| Arc::clone(&r.entry));
+    py.detach(|| frameworks::bind_torch_slot(slot, entry))
+        .map_err(to_py)
 }
 
 /// Binds ONNX Runtime's allocator symbols to `resource` (None: the current resource).
 #[pyfunction]
 #[pyo3(signature = (resource = None))]
-fn ort_set_resource(resource: Option<&Resource>) {
-    frameworks::bind_ort(resource.map(|r| r.entry.clone()));
+fn ort_set_resource(py: Python<'_>, resource: Option<&Resource>) {
+    let entry = resource.map(|r| Arc::clone(&r.entry));
+    py.detach(|| frameworks::bind_ort(entry));
 }
 
 /// Blocks handed to frameworks through the C symbols and not yet freed.

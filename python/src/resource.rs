@@ -1,6 +1,7 @@
 //! `carve._carve.Resource`: a registered carve resource, and the functions that build them.
 //! The public classes (`carve.PoolResource`, ...) are Python wrappers in `carve/_resources.py`.
 
+use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -22,21 +23,29 @@ const MAX_ARENAS: usize = 1 << 16;
 #[pyclass(frozen, module = "carve._carve")]
 #[derive(Debug)]
 pub struct Resource {
-    pub(crate) entry: Arc<Entry>,
+    /// Taken only by `Drop`.
+    pub(crate) entry: ManuallyDrop<Arc<Entry>>,
     handle: Handle,
 }
 
 impl Resource {
     /// Registers `entry` under a new handle (forgotten when the Python object goes).
     pub fn register(entry: Arc<Entry>) -> PyResult<Resource> {
-        let handle = registry::insert(entry.clone()).map_err(to_py)?;
-        Ok(Resource { entry, handle })
+        let handle = registry::insert(Arc::clone(&entry)).map_err(to_py)?;
+        Ok(Resource {
+            entry: ManuallyDrop::new(entry),
+            handle,
+        })
     }
 }
 
 impl Drop for Resource {
     fn drop(&mut self) {
         let _ = registry::remove(self.handle);
+        // SAFETY: taken once, here; the field is not used afterwards.
+        let entry = unsafe { ManuallyDrop::take(&mut self.entry) };
+        // The last reference tears the resource down, which may wait for the device.
+        Python::attach(|py| py.detach(move || drop(entry)));
     }
 }
 

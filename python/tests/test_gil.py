@@ -12,7 +12,7 @@ import pytest
 
 SCRIPT = textwrap.dedent(
     """
-    import gc, sys, threading
+    import gc, os, sys, threading
     import carve
 
     fifo = sys.argv[1]
@@ -42,6 +42,34 @@ SCRIPT = textwrap.dedent(
         del b
     del log
     gc.collect()
+
+    # Teardown: the adaptor's last flush meets a full pipe, which a Python thread drains only
+    # once this thread is inside the resource's destructor.
+    fifo2 = sys.argv[2]
+    drain2 = threading.Event()
+    got = []
+
+    def reader2():
+        with open(fifo2, "rb") as f:
+            drain2.wait()
+            got.append(f.read())
+
+    t2 = threading.Thread(target=reader2, daemon=True)
+    t2.start()
+    log = carve.LoggingAdaptor(carve.HostResource(), fifo2)  # buffered: no write yet
+    filler = os.open(fifo2, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        while True:
+            os.write(filler, b"x" * 4096)
+    except BlockingIOError:
+        pass
+    os.close(filler)
+    p = log.allocate(256)
+    log.deallocate(p, 256)
+    threading.Timer(0.2, drain2.set).start()
+    del log
+    t2.join()
+    assert got and b"allocate" in got[0] and b"free" in got[0], got[0][-300:]
     print("done", file=sys.stderr)
     """
 )
@@ -49,11 +77,15 @@ SCRIPT = textwrap.dedent(
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_blocking_calls_release_the_gil(tmp_path):
-    fifo = tmp_path / "log.csv"
+    fifo, fifo2 = tmp_path / "log.csv", tmp_path / "teardown.csv"
     os.mkfifo(fifo)
+    os.mkfifo(fifo2)
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", SCRIPT, str(fifo)], capture_output=True, text=True, timeout=60
+            [sys.executable, "-c", SCRIPT, str(fifo), str(fifo2)],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"a carve call blocked while holding the GIL (deadlock): {e.stderr!r}")

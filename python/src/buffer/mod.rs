@@ -63,13 +63,13 @@ impl DeviceBuffer {
         device: usize,
     ) -> PyResult<Self> {
         let (entry, resource) = match resource {
-            Some(obj) => (resource_of(&obj)?.entry.clone(), obj.unbind()),
+            Some(obj) => (Arc::clone(&resource_of(&obj)?.entry), obj.unbind()),
             None => {
                 // The package's wrapper, so `buffer.resource` is the object users set.
                 let obj = py
                     .import("carve")?
                     .call_method1("get_current_resource", (device,))?;
-                (resource_of(&obj)?.entry.clone(), obj.unbind())
+                (Arc::clone(&resource_of(&obj)?.entry), obj.unbind())
             }
         };
         let stream = match stream {
