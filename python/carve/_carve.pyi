@@ -31,7 +31,16 @@ class Resource:
 
 class DeviceBuffer:
     """``nbytes`` bytes from ``resource`` (default: the current resource of ``device``), ordered
-    on ``stream``; shared without a copy through ``__cuda_array_interface__`` and DLPack."""
+    on ``stream`` (an int CUstream, or a stream object, held until the free); shared without a
+    copy through ``__cuda_array_interface__`` and DLPack.
+
+    The free waits for the work consumers queued on the buffer: an event when every consumer
+    stream can be named at the free (DLPack's legacy or per-thread default stream, or the
+    buffer's own stream), else a wait for the whole device (the CUDA Array Interface, which
+    names no consumer stream; DLPack's -1 or another stream handle; a buffer whose own stream
+    was given as an int, which may be destroyed before the free). A failed free or ordering call
+    is recorded for :func:`carve.take_deferred_error`; a block whose ordering failed is leaked,
+    never reused."""
 
     def __init__(
         self, nbytes: int, resource: Optional[Any] = None, *, stream: Stream = None, device: int = 0
