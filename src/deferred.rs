@@ -52,8 +52,9 @@ pub fn deferred_error_count() -> u64 {
     COUNT.load(Ordering::Relaxed)
 }
 
-/// Records `result`'s error, if any, as deferred. Never panics, never blocks on I/O.
-pub(crate) fn record<T>(context: &'static str, result: Result<T>) {
+/// Records `result`'s error, if any, as deferred. Never panics, never blocks on I/O. Public so
+/// that bindings (the Python package's buffers) record their destructors' errors here too.
+pub fn record<T>(context: &'static str, result: Result<T>) {
     if let Err(error) = result {
         COUNT.fetch_add(1, Ordering::Relaxed);
         let mut first = FIRST.lock().unwrap_or_else(|e| e.into_inner());

@@ -14,7 +14,16 @@ from __future__ import annotations
 import os as _os
 
 from . import _carve
-from ._carve import DeviceBuffer, DeviceHeap, device_count, is_available, mem_info, ptx_path
+from ._carve import (
+    DeviceBuffer,
+    DeviceHeap,
+    deferred_error_count,
+    device_count,
+    is_available,
+    mem_info,
+    ptx_path,
+    take_deferred_error,
+)
 from ._errors import (
     BadPointerError,
     CarveError,
@@ -80,6 +89,7 @@ __all__ = [
     "StatisticsAdaptor",
     "TrackingAdaptor",
     "UnsupportedError",
+    "deferred_error_count",
     "device_count",
     "get_current_resource",
     "is_available",
@@ -87,4 +97,5 @@ __all__ = [
     "mem_info",
     "ptx_path",
     "set_current_resource",
+    "take_deferred_error",
 ]

@@ -51,12 +51,13 @@ class Resource:
         """Host code may dereference this resource's pointers."""
         return self._r.host_accessible
 
-    def allocate(self, nbytes: int, alignment: int = 256, stream: int = 0) -> int:
-        """Allocates ``nbytes`` aligned to ``alignment`` on ``stream`` (a CUstream as an int);
-        returns the address. Prefer :class:`carve.DeviceBuffer`, which frees itself."""
+    def allocate(self, nbytes: int, alignment: int = 256, stream: Any = 0) -> int:
+        """Allocates ``nbytes`` aligned to ``alignment`` on ``stream`` (a CUstream as an int, or
+        a stream object); returns the address. Prefer :class:`carve.DeviceBuffer`, which frees
+        itself."""
         return self._r.allocate(nbytes, alignment, stream)
 
-    def deallocate(self, ptr: int, nbytes: int, alignment: int = 256, stream: int = 0) -> None:
+    def deallocate(self, ptr: int, nbytes: int, alignment: int = 256, stream: Any = 0) -> None:
         """Frees a block from :meth:`allocate` with the same size and alignment."""
         self._r.deallocate(ptr, nbytes, alignment, stream)
 

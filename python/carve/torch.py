@@ -22,7 +22,8 @@ before PyTorch allocates any CUDA memory.
 
 PyTorch's ``CUDAPluggableAllocator`` does not check the pointer its allocation function returns
 (a null pointer becomes a tensor at address 0). So :func:`use` installs a small C++ shim,
-compiled once against the installed PyTorch's headers with the system C++ compiler and cached,
+compiled once against the installed PyTorch's headers with the system C++ compiler and cached
+in carve's per-user cache folder (checked before each load: see ``_checked_alloc_address``),
 that throws ``c10::OutOfMemoryError`` (``torch.OutOfMemoryError``) when carve returns null. If no
 compiler is available it warns and installs carve's functions directly.
 """
@@ -32,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import stat
 import subprocess
 import tempfile
 import warnings
@@ -148,28 +150,82 @@ extern "C" void* carve_torch_alloc_or_throw(ssize_t size, int device, void* stre
 """
 
 
-def _checked_alloc_address() -> Optional[int]:
-    """The address of the shim's throwing allocation function, or None if it cannot be built."""
+def _is_private(path: str) -> bool:
+    """True when ``path`` is a regular file (not a link) that this user owns and that neither
+    its group nor others can write."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (
+        stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o022 == 0
+    )
+
+
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _cached_shim(folder: str, name: str) -> Optional[str]:
+    """The shim at ``folder/name`` if it is private and matches the hash recorded beside it
+    when it was built; None otherwise (it is then rebuilt)."""
+    out, digest = os.path.join(folder, name), os.path.join(folder, name + ".sha256")
+    if not (_is_private(out) and _is_private(digest)):
+        return None
+    with open(digest) as f:
+        recorded = f.read().strip()
+    return out if recorded == _sha256(out) else None
+
+
+def _build_shim(folder: str, name: str, abi: int) -> str:
+    """Compiles the shim into ``folder/name`` (and its hash beside it), through files with
+    unpredictable names that are renamed into place."""
     from torch.utils import cpp_extension
 
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as work:
+        src, lib = os.path.join(work, "shim.cpp"), os.path.join(work, "shim.so")
+        with open(src, "w") as f:
+            f.write(_SHIM)
+        libdirs = cpp_extension.library_paths()
+        cmd = [os.environ.get("CXX", "c++"), "-O2", "-shared", "-fPIC", "-std=c++17",
+               f"-D_GLIBCXX_USE_CXX11_ABI={abi}", src, "-o", lib]
+        cmd += [f"-I{p}" for p in cpp_extension.include_paths()]
+        cmd += [f"-L{p}" for p in libdirs] + [f"-Wl,-rpath,{p}" for p in libdirs]
+        cmd += ["-lc10", "-ldl"]
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        os.chmod(lib, 0o700)
+        digest = os.path.join(work, "shim.sha256")
+        with open(digest, "w") as f:
+            f.write(_sha256(lib))
+        out = os.path.join(folder, name)
+        os.replace(lib, out)
+        os.replace(digest, out + ".sha256")
+    return out
+
+
+def _checked_alloc_address() -> Optional[int]:
+    """The address of the shim's throwing allocation function, or None if it cannot be built.
+
+    The shim is cached in carve's per-user cache (``carve._carve.cache_dir()``: owned by this
+    user, writable by no one else) and loaded only if it matches the hash recorded when it was
+    built. If that folder cannot be used, the shim is built in a new private temporary folder.
+    """
     abi = int(getattr(_torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
     key = hashlib.sha256(f"{_SHIM}{_torch.__version__}{abi}".encode()).hexdigest()[:16]
-    cache = os.environ.get("CARVE_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "carve")
-    out = os.path.join(cache, f"torch_oom_shim_{key}.so")
+    name = f"torch_oom_shim_{key}.so"
     try:
-        if not os.path.exists(out):
-            os.makedirs(cache, exist_ok=True)
-            src = out[:-3] + ".cpp"
-            with open(src, "w") as f:
-                f.write(_SHIM)
-            libdirs = cpp_extension.library_paths()
-            cmd = [os.environ.get("CXX", "c++"), "-O2", "-shared", "-fPIC", "-std=c++17",
-                   f"-D_GLIBCXX_USE_CXX11_ABI={abi}", src, "-o", out + ".tmp"]
-            cmd += [f"-I{p}" for p in cpp_extension.include_paths()]
-            cmd += [f"-L{p}" for p in libdirs] + [f"-Wl,-rpath,{p}" for p in libdirs]
-            cmd += ["-lc10", "-ldl"]
-            subprocess.run(cmd, check=True, capture_output=True, text=True)
-            os.replace(out + ".tmp", out)
+        try:
+            folder = _carve.cache_dir()
+        except OSError as e:
+            warnings.warn(
+                f"carve.torch.use: {e}; building the out-of-memory shim in a private "
+                "temporary folder instead",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            folder = tempfile.mkdtemp(prefix="carve-")
+        out = _cached_shim(folder, name) or _build_shim(folder, name, abi)
         shim = ctypes.CDLL(out)
         shim.carve_shim_init.argtypes = [ctypes.c_char_p]
         if shim.carve_shim_init(lib_path().encode()) != 0:

@@ -5,12 +5,14 @@
 //! exported from this shared object, and `carve.lib_path()` names it.
 
 mod buffer;
+mod cache;
 mod errors;
 mod heap;
 mod resource;
+mod stream;
 
 use std::hash::{Hash, Hasher};
-use std::path::PathBuf;
+use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -22,68 +24,101 @@ use crate::resource::Resource;
 
 /// Makes `resource` current for `device`; returns the resource it replaces.
 #[pyfunction]
-fn set_current_resource(device: usize, resource: &Resource) -> PyResult<Resource> {
-    let previous = carve_capi::current::set(device, resource.entry.clone()).map_err(to_py)?;
+fn set_current_resource(py: Python<'_>, device: usize, resource: &Resource) -> PyResult<Resource> {
+    let entry = Arc::clone(&resource.entry);
+    let previous = py
+        .detach(|| carve_capi::current::set(device, entry))
+        .map_err(to_py)?;
     Resource::register(previous)
 }
 
 /// The current resource of `device` (a cuda resource until one is set).
 #[pyfunction]
-fn get_current_resource(device: usize) -> PyResult<Resource> {
-    Resource::register(carve_capi::current::get(device).map_err(to_py)?)
+fn get_current_resource(py: Python<'_>, device: usize) -> PyResult<Resource> {
+    Resource::register(
+        py.detach(|| carve_capi::current::get(device))
+            .map_err(to_py)?,
+    )
 }
 
 /// `(free, total)` bytes of `device` (`cuMemGetInfo`).
 #[pyfunction]
-fn mem_info(device: usize) -> PyResult<(usize, usize)> {
-    let m = carve::current::mem_info(device).map_err(|e| to_py(e.into()))?;
+fn mem_info(py: Python<'_>, device: usize) -> PyResult<(usize, usize)> {
+    let m = py
+        .detach(|| carve::current::mem_info(device))
+        .map_err(|e| to_py(e.into()))?;
     Ok((m.free, m.total))
 }
 
 /// Number of CUDA devices; raises `NoDeviceError` without a driver.
 #[pyfunction]
-fn device_count() -> PyResult<usize> {
-    carve::Device::count().map_err(|e| to_py(e.into()))
+fn device_count(py: Python<'_>) -> PyResult<usize> {
+    py.detach(carve::Device::count).map_err(|e| to_py(e.into()))
 }
 
 /// True when a CUDA driver loads and reports a device.
 #[pyfunction]
-fn is_available() -> bool {
-    carve::driver::is_available()
+fn is_available(py: Python<'_>) -> bool {
+    py.detach(carve::driver::is_available)
 }
 
-/// Writes carve's PTX (the device heap's functions) to a cache file once; returns its path.
+fn io_error(e: std::io::Error) -> PyErr {
+    to_py(carve::Error::Io(e).into())
+}
+
+/// carve's per-user cache folder (created `0700`; refused unless this user owns it and no one
+/// else can write it). `carve.torch` builds its shim there.
 #[pyfunction]
-fn ptx_path() -> PyResult<String> {
+fn cache_dir(py: Python<'_>) -> PyResult<String> {
+    let dir = py.detach(cache::dir).map_err(io_error)?;
+    Ok(dir.to_string_lossy().into_owned())
+}
+
+/// Writes carve's PTX (the device heap's functions) to the per-user cache once; returns its
+/// path.
+#[pyfunction]
+fn ptx_path(py: Python<'_>) -> PyResult<String> {
     let ptx = carve::driver::PTX;
     let mut h = std::collections::hash_map::DefaultHasher::new();
     ptx.hash(&mut h);
-    let dir = std::env::var_os("CARVE_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| std::env::temp_dir().join("carve"));
-    let path = dir.join(format!("carve-{:016x}.ptx", h.finish()));
-    if std::fs::read_to_string(&path).ok().as_deref() != Some(ptx) {
-        std::fs::create_dir_all(&dir)?;
-        // Write then rename, so a concurrent reader never sees half a file.
-        let tmp = dir.join(format!(".carve-{}.ptx.tmp", std::process::id()));
-        std::fs::write(&tmp, ptx)?;
-        std::fs::rename(&tmp, &path)?;
-    }
+    let name = format!("carve-{:016x}.ptx", h.finish());
+    let path = py
+        .detach(|| cache::write(&cache::dir()?, &name, ptx.as_bytes()))
+        .map_err(io_error)?;
     Ok(path.to_string_lossy().into_owned())
+}
+
+/// Takes the first error recorded where nothing could raise it (a buffer's free, a resource's
+/// teardown) since the last call, as an exception instance (not raised); None when none.
+#[pyfunction]
+fn take_deferred_error(py: Python<'_>) -> Option<Py<PyAny>> {
+    let e = carve::take_deferred_error()?;
+    let mut ffi = carve_capi::FfiError::from(e.error);
+    ffi.message = format!("{}: {}", e.context, ffi.message);
+    Some(to_py(ffi).into_value(py).into_any())
+}
+
+/// How many such errors were recorded since the process started (taken or not).
+#[pyfunction]
+fn deferred_error_count() -> u64 {
+    carve::deferred_error_count()
 }
 
 /// Binds PyTorch slot `slot` (`carve_torch_alloc_<slot>`) to `resource` (None unbinds).
 #[pyfunction]
 #[pyo3(signature = (slot, resource))]
-fn torch_bind_slot(slot: usize, resource: Option<&Resource>) -> PyResult<()> {
-    frameworks::bind_torch_slot(slot, resource.map(|r| r.entry.clone())).map_err(to_py)
+fn torch_bind_slot(py: Python<'_>, slot: usize, resource: Option<&Resource>) -> PyResult<()> {
+    let entry = resource.map(|r| Arc::clone(&r.entry));
+    py.detach(|| frameworks::bind_torch_slot(slot, entry))
+        .map_err(to_py)
 }
 
 /// Binds ONNX Runtime's allocator symbols to `resource` (None: the current resource).
 #[pyfunction]
 #[pyo3(signature = (resource = None))]
-fn ort_set_resource(resource: Option<&Resource>) {
-    frameworks::bind_ort(resource.map(|r| r.entry.clone()));
+fn ort_set_resource(py: Python<'_>, resource: Option<&Resource>) {
+    let entry = resource.map(|r| Arc::clone(&r.entry));
+    py.detach(|| frameworks::bind_ort(entry));
 }
 
 /// Blocks handed to frameworks through the C symbols and not yet freed.
@@ -146,6 +181,9 @@ fn _carve(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device_count, m)?)?;
     m.add_function(wrap_pyfunction!(is_available, m)?)?;
     m.add_function(wrap_pyfunction!(ptx_path, m)?)?;
+    m.add_function(wrap_pyfunction!(cache_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(take_deferred_error, m)?)?;
+    m.add_function(wrap_pyfunction!(deferred_error_count, m)?)?;
     m.add_function(wrap_pyfunction!(torch_bind_slot, m)?)?;
     m.add_function(wrap_pyfunction!(ort_set_resource, m)?)?;
     m.add_function(wrap_pyfunction!(framework_outstanding, m)?)?;
