@@ -118,7 +118,7 @@ impl DeviceBuffer {
     /// The stream it is ordered on (a CUstream as an int).
     #[getter]
     fn stream(&self) -> usize {
-        self.block.stream.id().get()
+        self.block.stream.raw_value()
     }
 
     /// The resource it came from (and frees through).
@@ -146,7 +146,7 @@ impl DeviceBuffer {
         d.set_item("strides", py.None())?;
         d.set_item("version", 3)?;
         // v3: 1 names the legacy default stream (0 is not allowed).
-        let s = self.block.stream.id().get();
+        let s = self.block.stream.raw_value();
         d.set_item("stream", if s == 0 { 1 } else { s })?;
         Ok(d)
     }

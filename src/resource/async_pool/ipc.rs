@@ -174,12 +174,14 @@ impl ImportedPointer {
     }
 
     fn release(&mut self, stream: StreamRef<'_>) -> Result<()> {
+        // Refused before the pointer is taken: it stays mapped, and is freed on drop.
+        let raw = stream.driver_handle("ImportedPointer::free")?;
         let Some(ptr) = self.ptr.take() else {
             return Ok(());
         };
         self.device.bind()?;
         // SAFETY: an imported pointer, freed once (`take`); the stream is live (borrowed).
-        unsafe { sys::cuMemFreeAsync(ptr, stream.as_raw()) }
+        unsafe { sys::cuMemFreeAsync(ptr, raw) }
             .result()
             .map_err(|e| Error::driver("cuMemFreeAsync", e))
     }
