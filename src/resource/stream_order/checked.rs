@@ -299,17 +299,33 @@ unsafe impl<R: MemoryResource> MemoryResource for CheckedResource<R> {
         bytes: usize,
         align: usize,
     ) -> Result<()> {
-        // SAFETY: forwarded caller contract.
-        unsafe { self.inner.deallocate(stream, ptr, bytes, align) }?;
-        let mut s = self.order.lock();
         let start = ptr.as_ptr() as usize;
         let end = start.saturating_add(bytes);
-        s.take(start, end);
-        if !self.upstream {
+        if self.upstream {
+            // SAFETY: forwarded caller contract.
+            unsafe { self.inner.deallocate(stream, ptr, bytes, align) }?;
+            self.order.lock().take(start, end);
+            return Ok(());
+        }
+        // The free is timed before the inner resource sees it: from then on another thread's
+        // ordering call may cover it, and must count as later.
+        let t = {
+            let mut s = self.order.lock();
+            s.take(start, end);
             let t = s.tick();
             s.freed.insert(start, (end, stream.id(), t));
+            t
+        };
+        // SAFETY: forwarded caller contract.
+        let r = unsafe { self.inner.deallocate(stream, ptr, bytes, align) };
+        if r.is_err() {
+            // Still live: no free to track.
+            let mut s = self.order.lock();
+            if s.freed.get(&start).is_some_and(|&(_, _, at)| at == t) {
+                s.freed.remove(&start);
+            }
         }
-        Ok(())
+        r
     }
 
     fn properties(&self) -> Properties {
