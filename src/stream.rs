@@ -20,12 +20,15 @@ use std::sync::{Mutex, PoisonError};
 
 use cudarc::driver::sys::CUstream;
 
-/// Ids and raw values are tagged in their two top bits, which no user-space address (a real
-/// stream handle) has set: `00` a raw handle (or the legacy default stream with no context),
-/// `01` the legacy default stream of a context, `10` a per-thread default stream, `11` a
-/// simulated stream (or a value no driver stream can have).
-const TAG_SHIFT: u32 = usize::BITS - 2;
+/// Ids and raw values are tagged in bits 60 and 61 (the top four bits of a 64-bit value), which
+/// no user-space address (a real stream handle) has set, and which keep every value below
+/// 2^62, so that formats with signed 64-bit integers (memory snapshots) carry it: `00` a raw
+/// handle (or the legacy default stream with no context), `01` the legacy default stream of a
+/// context, `10` a per-thread default stream, `11` a simulated stream. A raw value with any bit
+/// from 60 up set is no driver stream (see [`StreamRef::is_simulated`]).
+const TAG_SHIFT: u32 = usize::BITS - 4;
 const TAG_MASK: usize = 0b11 << TAG_SHIFT;
+const LOW_MASK: usize = (1 << TAG_SHIFT) - 1;
 const LEGACY_TAG: usize = 0b01 << TAG_SHIFT;
 const PER_THREAD_TAG: usize = 0b10 << TAG_SHIFT;
 const SIMULATED_TAG: usize = 0b11 << TAG_SHIFT;
@@ -69,16 +72,6 @@ impl StreamId {
     pub const fn from_usize(raw: usize) -> StreamId {
         StreamId(raw)
     }
-
-    /// True for a per-thread default stream's id.
-    pub const fn is_per_thread(self) -> bool {
-        self.0 & TAG_MASK == PER_THREAD_TAG
-    }
-
-    /// True for a legacy default stream's id (of a context, or [`StreamId::DEFAULT`]).
-    pub const fn is_legacy(self) -> bool {
-        self.0 == 0 || self.0 & TAG_MASK == LEGACY_TAG
-    }
 }
 
 impl std::fmt::Debug for StreamId {
@@ -103,13 +96,13 @@ impl StreamRef<'static> {
     /// A stand-in stream for resources that never call the driver (host memory, simulated
     /// memory), so that multi-stream logic is testable without a GPU. Its handle is one no
     /// driver stream can have, so it never equals a real or special stream; ids below 2^58
-    /// give distinct streams.
+    /// below 2^56 give distinct streams.
     ///
     /// Resources that pass streams to the driver refuse it with
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) (see
     /// [`is_simulated`](StreamRef::is_simulated)).
     pub const fn simulated(id: usize) -> StreamRef<'static> {
-        StreamRef::from_bits(SIMULATED_TAG | (((id << 4) | 0x8) & !TAG_MASK))
+        StreamRef::from_bits(SIMULATED_TAG | (((id << 4) | 0x8) & LOW_MASK))
     }
 }
 
@@ -147,10 +140,10 @@ impl<'a> StreamRef<'a> {
         match self.raw {
             0 | RAW_LEGACY => match current_context() {
                 0 => StreamId::DEFAULT,
-                ctx => StreamId(LEGACY_TAG | (ctx & !TAG_MASK)),
+                ctx => StreamId(LEGACY_TAG | (ctx & LOW_MASK)),
             },
             RAW_PER_THREAD => StreamId(PER_THREAD_TAG | per_thread_number(current_context())),
-            raw if raw & TAG_MASK != 0 => StreamId(raw | SIMULATED_TAG),
+            raw if raw & !LOW_MASK != 0 => StreamId(SIMULATED_TAG | (raw & LOW_MASK)),
             raw => StreamId(raw),
         }
     }
@@ -174,7 +167,7 @@ impl<'a> StreamRef<'a> {
     /// True for a [`simulated`](StreamRef::simulated) stream, or any handle no driver stream
     /// can have: such a handle must never reach the driver.
     pub fn is_simulated(self) -> bool {
-        self.raw & TAG_MASK != 0
+        self.raw & !LOW_MASK != 0
     }
 
     /// The raw handle for a call to the driver named `what`, or
@@ -254,7 +247,7 @@ fn per_thread_number(ctx: usize) -> usize {
     thread_local! {
         static NUMBERS: RefCell<Vec<(usize, usize)>> = const { RefCell::new(Vec::new()) };
     }
-    let fresh = || NEXT.fetch_add(1, Ordering::Relaxed) & !TAG_MASK;
+    let fresh = || NEXT.fetch_add(1, Ordering::Relaxed) & LOW_MASK;
     // While the thread's locals are torn down, a fresh number each time: an id no block was
     // freed on, which only costs ordering.
     NUMBERS
@@ -294,14 +287,64 @@ mod tests {
 
     #[test]
     fn ids_name_streams_and_special_streams_are_distinct() {
-        assert_eq!(StreamRef::DEFAULT.id(), StreamId::DEFAULT);
         assert!(StreamRef::DEFAULT.is_default());
         assert_ne!(StreamRef::simulated(0).id(), StreamRef::DEFAULT.id());
         assert_ne!(StreamRef::simulated(0).id(), StreamRef::PER_THREAD.id());
         assert_eq!(StreamRef::simulated(3).id(), StreamRef::simulated(3).id());
+        assert_ne!(StreamRef::simulated(3).id(), StreamRef::simulated(4).id());
         assert_eq!(
             StreamId::from_usize(StreamRef::simulated(5).id().get()),
             StreamRef::simulated(5).id()
         );
+    }
+
+    #[test]
+    fn legacy_handles_share_an_id_and_host_use_keeps_the_default_id() {
+        // SAFETY: CU_STREAM_LEGACY is a special stream constant.
+        let legacy = unsafe { StreamRef::from_raw(RAW_LEGACY as CUstream) };
+        assert!(legacy.is_default() && legacy.is_special());
+        assert_eq!(legacy.id(), StreamRef::DEFAULT.id());
+        if !crate::driver::driver_initialised() {
+            assert_eq!(StreamRef::DEFAULT.id(), StreamId::DEFAULT);
+        }
+        assert!(StreamRef::PER_THREAD.is_per_thread() && StreamRef::PER_THREAD.is_special());
+        assert!(!StreamRef::simulated(1).is_special());
+    }
+
+    #[test]
+    fn only_values_no_driver_stream_has_count_as_simulated() {
+        for raw in [0usize, 1, 2, 0x18, 0x55d5_c7a0_e2b8, 0x00ff_ffff_ffff_fff8] {
+            // SAFETY: the handle is only inspected, never used.
+            let s = unsafe { StreamRef::from_raw(raw as CUstream) };
+            assert!(!s.is_simulated(), "{s:?}");
+            assert!(s.driver_handle("test").is_ok());
+        }
+        for s in [
+            StreamRef::simulated(0),
+            StreamRef::simulated(usize::MAX),
+            // SAFETY: as above.
+            unsafe { StreamRef::from_raw(usize::MAX as CUstream) },
+        ] {
+            assert!(s.is_simulated(), "{s:?}");
+            assert!(matches!(
+                s.driver_handle("test"),
+                Err(crate::error::Error::InvalidArgument(_))
+            ));
+            // Signed 64-bit formats (memory snapshots) carry simulated handles and ids.
+            assert!(s.id().get() < 1 << 62, "{:?}", s.id());
+        }
+        assert!(StreamRef::simulated(1).raw_value() < 1 << 62);
+    }
+
+    #[test]
+    fn per_thread_ids_are_stable_on_a_thread_and_tagged_apart_from_handles() {
+        let id = StreamRef::PER_THREAD.id();
+        assert_eq!(id, StreamRef::PER_THREAD.id());
+        assert_eq!(id.get() & TAG_MASK, PER_THREAD_TAG);
+        assert_ne!(id, StreamRef::DEFAULT.id());
+        let other = std::thread::spawn(|| StreamRef::PER_THREAD.id())
+            .join()
+            .unwrap();
+        assert_ne!(id, other);
     }
 }
