@@ -178,7 +178,8 @@ fn format_line(
         Some(p) => format!("{:#x}", p.as_ptr() as usize),
         None => "(nil)".to_owned(),
     };
-    let stream = match stream.id().get() {
+    // The handle, as RMM logs it (and replays read it back).
+    let stream = match stream.raw_value() {
         0 => "0".to_owned(),
         id => format!("{id:#x}"),
     };
@@ -313,7 +314,10 @@ mod tests {
                 9,
                 StreamRef::simulated(1)
             ),
-            "7,t,allocate failure,(nil),9,0x18\n"
+            format!(
+                "7,t,allocate failure,(nil),9,{:#x}\n",
+                StreamRef::simulated(1).raw_value()
+            )
         );
     }
 

@@ -32,6 +32,9 @@ pub struct Allocation {
     pub align: usize,
     /// The stream it was allocated on.
     pub stream: StreamId,
+    /// That stream's raw handle, as logs and snapshots show it
+    /// ([`StreamRef::raw_value`]).
+    pub stream_handle: usize,
     /// Where it was allocated, when the adaptor captures backtraces.
     pub backtrace: Option<Arc<Backtrace>>,
 }
@@ -156,7 +159,7 @@ unsafe impl<R: MemoryResource> MemoryResource for TrackingResourceAdaptor<R> {
                     let mut state = lock(&self.inner.state);
                     state
                         .history
-                        .push(Action::Oom, 0, bytes, stream.id().get(), None);
+                        .push(Action::Oom, 0, bytes, stream.raw_value(), None);
                 }
                 return Err(e);
             }
@@ -173,7 +176,7 @@ unsafe impl<R: MemoryResource> MemoryResource for TrackingResourceAdaptor<R> {
             Action::Alloc,
             addr,
             bytes,
-            stream.id().get(),
+            stream.raw_value(),
             backtrace.clone(),
         );
         state.live.insert(
@@ -183,6 +186,7 @@ unsafe impl<R: MemoryResource> MemoryResource for TrackingResourceAdaptor<R> {
                 bytes,
                 align,
                 stream: stream.id(),
+                stream_handle: stream.raw_value(),
                 backtrace,
             },
         );
@@ -242,7 +246,7 @@ unsafe impl<R: MemoryResource> MemoryResource for TrackingResourceAdaptor<R> {
             let bt = taken.backtrace;
             state
                 .history
-                .push(Action::FreeCompleted, addr, bytes, stream.id().get(), bt);
+                .push(Action::FreeCompleted, addr, bytes, stream.raw_value(), bt);
         }
         result
     }

@@ -116,7 +116,7 @@ impl<R: MemoryResource> TrackingResourceAdaptor<R> {
             .map(|a| BlockSpan {
                 address: a.ptr as u64,
                 size: a.bytes as u64,
-                stream: a.stream.get() as u64,
+                stream: a.stream_handle as u64,
                 frames: a.backtrace.as_deref().map(frames_of).unwrap_or_default(),
             })
             .collect();

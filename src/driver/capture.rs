@@ -13,10 +13,10 @@ thread_local! {
 }
 
 /// The id of the capture `stream` takes part in (`cuStreamGetCaptureInfo`), or `None` when it
-/// is not being captured. `None` without a driver.
-///
-/// `stream` must be a real stream (not [`StreamRef::simulated`]) or the default stream.
+/// is not being captured. `None` without a driver; [`Error::InvalidArgument`] for a
+/// [`simulated`](StreamRef::simulated) stream, driver or not.
 pub fn capture_id(stream: StreamRef<'_>) -> Result<Option<u64>> {
+    let raw = stream.driver_handle("cuStreamGetCaptureInfo")?;
     if super::init().is_err() {
         return Ok(None);
     }
@@ -26,7 +26,7 @@ pub fn capture_id(stream: StreamRef<'_>) -> Result<Option<u64>> {
     // graph and dependency outputs are null, which the driver accepts.
     let rc = unsafe {
         sys::cuStreamGetCaptureInfo_v2(
-            stream.as_raw(),
+            raw,
             &mut status,
             &mut id,
             std::ptr::null_mut(),
@@ -39,9 +39,9 @@ pub fn capture_id(stream: StreamRef<'_>) -> Result<Option<u64>> {
         // The legacy stream while another stream captures in global mode: that capture
         // forbids using it, so treat it as captured (no id of its own).
         sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => return Ok(Some(0)),
-        // The default stream of a thread with no current context: it has no capture (the
+        // A special stream of a thread with no current context: it has no capture (the
         // resource binds its device before any call that could join one).
-        sys::CUresult::CUDA_ERROR_INVALID_CONTEXT if stream.as_raw().is_null() => return Ok(None),
+        sys::CUresult::CUDA_ERROR_INVALID_CONTEXT if stream.is_special() => return Ok(None),
         code => {
             return Err(Error::Driver {
                 call: "cuStreamGetCaptureInfo_v2",

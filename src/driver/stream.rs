@@ -81,17 +81,19 @@ impl Event {
         Ok(Event { inner })
     }
 
-    /// Captures the work queued on `stream` so far, in this event's context (whatever context
-    /// is current on the calling thread).
+    /// Captures the work queued on `stream` so far, in this event's context (made current on
+    /// the calling thread; a special stream is that context's).
     ///
-    /// `stream` must belong to this event's device (the driver rejects others).
+    /// `stream` must belong to this event's device (the driver rejects others); a simulated
+    /// stream is refused with [`Error::InvalidArgument`].
     pub fn record(&self, stream: StreamRef<'_>) -> Result<()> {
+        let raw = stream.driver_handle("cuEventRecord")?;
         self.inner
             .context()
             .bind_to_thread()
             .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
         // SAFETY: the event is live; `StreamRef`'s contract keeps the stream valid.
-        unsafe { result::event::record(self.inner.cu_event(), stream.as_raw()) }
+        unsafe { result::event::record(self.inner.cu_event(), raw) }
             .map_err(|e| Error::driver("cuEventRecord", e))
     }
 
@@ -109,16 +111,25 @@ impl Event {
             .map_err(|e| Error::driver("cuEventSynchronize", e))
     }
 
-    /// Makes `stream` wait for the captured work (`stream` may belong to another device).
+    /// Makes `stream` wait for the captured work (`stream` may belong to another device). A
+    /// special stream ([`StreamRef::DEFAULT`], [`StreamRef::PER_THREAD`]) is the one of the
+    /// calling thread's current context (of this event's context when none is current); a
+    /// simulated stream is refused with [`Error::InvalidArgument`].
     pub fn wait_on(&self, stream: StreamRef<'_>) -> Result<()> {
-        self.inner
-            .context()
-            .bind_to_thread()
-            .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
-        // SAFETY: both handles are live (the stream by `StreamRef`'s contract).
+        let raw = stream.driver_handle("cuStreamWaitEvent")?;
+        let current =
+            result::ctx::get_current().map_err(|e| Error::driver("cuCtxGetCurrent", e))?;
+        if !stream.is_special() || current.is_none() {
+            self.inner
+                .context()
+                .bind_to_thread()
+                .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
+        }
+        // SAFETY: both handles are live (the stream by `StreamRef`'s contract); the driver
+        // accepts an event of another context.
         unsafe {
             result::stream::wait_event(
-                stream.as_raw(),
+                raw,
                 self.inner.cu_event(),
                 sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
             )

@@ -474,6 +474,7 @@ fn create_pool(
 // aligned; larger alignments are refused. The ledger frees each block once.
 unsafe impl MemoryResource for AsyncMemoryResource {
     fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+        let raw = stream.driver_handle(NAME)?;
         let align = check_request(bytes, align, 1)?;
         if align > DEFAULT_ALIGNMENT {
             return Err(Error::Unsupported(format!(
@@ -484,9 +485,7 @@ unsafe impl MemoryResource for AsyncMemoryResource {
         self.inner.device.bind()?;
         let mut dptr: sys::CUdeviceptr = 0;
         // SAFETY: the pool is live; `StreamRef`'s contract keeps the stream valid.
-        let r = unsafe {
-            sys::cuMemAllocFromPoolAsync(&mut dptr, bytes, self.handle(), stream.as_raw())
-        };
+        let r = unsafe { sys::cuMemAllocFromPoolAsync(&mut dptr, bytes, self.handle(), raw) };
         match r {
             sys::CUresult::CUDA_SUCCESS => {}
             sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => return Err(self.out_of_memory(bytes)),
@@ -505,11 +504,13 @@ unsafe impl MemoryResource for AsyncMemoryResource {
         bytes: usize,
         _align: usize,
     ) -> Result<()> {
+        // Refused before the ledger sees the free: the block stays live.
+        let raw = stream.driver_handle(NAME)?;
         self.inner.ledger.release(ptr, bytes, || {
             self.inner.device.bind().and_then(|()| {
                 // SAFETY: the ledger confirmed the block is ours and live; the free is ordered on
                 // `stream`, valid by `StreamRef`'s contract.
-                unsafe { sys::cuMemFreeAsync(ptr.as_ptr() as sys::CUdeviceptr, stream.as_raw()) }
+                unsafe { sys::cuMemFreeAsync(ptr.as_ptr() as sys::CUdeviceptr, raw) }
                     .result()
                     .map_err(|e| Error::driver("cuMemFreeAsync", e))
             })

@@ -41,6 +41,8 @@ impl CudaMemoryResource {
 // larger alignments are refused rather than silently unmet.
 unsafe impl MemoryResource for CudaMemoryResource {
     fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+        // The capture query below passes the stream to the driver.
+        stream.driver_handle(NAME)?;
         let align = check_request(bytes, align, 1)?;
         if align > DEFAULT_ALIGNMENT {
             return Err(Error::Unsupported(format!(

@@ -80,6 +80,8 @@ impl ManagedMemoryResource {
 // larger alignments are refused. The ledger frees each block once.
 unsafe impl MemoryResource for ManagedMemoryResource {
     fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+        // The capture query below passes the stream to the driver.
+        stream.driver_handle(NAME)?;
         let align = check_request(bytes, align, 1)?;
         if align > DEFAULT_ALIGNMENT {
             return Err(Error::Unsupported(format!(

@@ -113,6 +113,8 @@ fn mapped_device_pointer(device: &Device, host: NonNull<u8>) -> Result<u64> {
 // PINNED_ALIGNMENT; larger alignments are refused. The ledger frees each block once.
 unsafe impl MemoryResource for PinnedHostMemoryResource {
     fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
+        // The capture query below passes the stream to the driver.
+        stream.driver_handle(NAME)?;
         let align = check_request(bytes, align, 1)?;
         if align > PINNED_ALIGNMENT {
             return Err(Error::Unsupported(format!(
@@ -155,11 +157,13 @@ unsafe impl MemoryResource for PinnedHostMemoryResource {
         bytes: usize,
         _align: usize,
     ) -> Result<()> {
+        // Refused before the ledger sees the free: the block stays live.
+        let raw = stream.driver_handle(NAME)?;
         self.inner.ledger.release(ptr, bytes, || {
             self.inner.device.bind().and_then(|()| {
                 // SAFETY: `StreamRef`'s contract keeps the stream valid. Waiting honours the stream
                 // order: work queued on it may still read or write the block.
-                unsafe { cudarc::driver::result::stream::synchronize(stream.as_raw()) }
+                unsafe { cudarc::driver::result::stream::synchronize(raw) }
                     .map_err(|e| Error::driver("cuStreamSynchronize", e))?;
                 // SAFETY: the ledger confirmed the block is ours and live, and its stream is idle.
                 unsafe { sys::cuMemFreeHost(ptr.as_ptr().cast::<c_void>()) }

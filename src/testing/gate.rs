@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use cudarc::driver::sys;
 
-use crate::driver::Stream;
+use crate::driver::{Device, Stream};
 use crate::error::{Error, Result};
+use crate::stream::StreamRef;
 
 /// The longest a gate holds its stream, so that a test that forgets to open it, or panics
 /// before it does, cannot hang the process.
@@ -26,12 +27,19 @@ pub struct Gate {
 impl Gate {
     /// Queues the gate on `stream`: work queued on it afterwards waits for [`open`](Self::open).
     pub fn hold(stream: &Stream) -> Result<Gate> {
+        Self::hold_raw(stream.device(), stream.as_ref())
+    }
+
+    /// Queues the gate on `stream` in `device`'s context, made current on the calling thread:
+    /// for [`StreamRef::PER_THREAD`], the calling thread's per-thread stream there.
+    pub fn hold_raw(device: &Device, stream: StreamRef<'_>) -> Result<Gate> {
+        let raw = stream.driver_handle("Gate::hold")?;
+        device.bind()?;
         let latch: Arc<Latch> = Arc::new((Mutex::new(false), Condvar::new()));
         let arg = Arc::into_raw(latch.clone()) as *mut c_void;
-        stream.device().bind()?;
         // SAFETY: `wait` takes back the reference `arg` holds exactly once, when the driver
         // runs it; the stream is live while `stream` is borrowed.
-        let r = unsafe { sys::cuLaunchHostFunc(stream.as_ref().as_raw(), Some(wait), arg) };
+        let r = unsafe { sys::cuLaunchHostFunc(raw, Some(wait), arg) };
         if let Err(e) = r.result() {
             // SAFETY: the driver refused the function, so it never runs: reclaim its reference.
             drop(unsafe { Arc::from_raw(arg as *const Latch) });

@@ -177,6 +177,8 @@ impl ImportedPointer {
     }
 
     fn release(&mut self, stream: StreamRef<'_>) -> Result<()> {
+        // Refused before the pointer is taken: it stays mapped, and is freed on drop.
+        let raw = stream.driver_handle("ImportedPointer::free")?;
         let device = &self.device;
         release_once(
             &mut self.ptr,
@@ -184,7 +186,7 @@ impl ImportedPointer {
             |ptr| {
                 // SAFETY: an imported pointer, freed once (`release_once`); the stream is live
                 // (borrowed).
-                unsafe { sys::cuMemFreeAsync(ptr, stream.as_raw()) }
+                unsafe { sys::cuMemFreeAsync(ptr, raw) }
                     .result()
                     .map_err(|e| Error::driver("cuMemFreeAsync", e))
             },

@@ -246,11 +246,12 @@ pub(crate) fn prefetch_raw(
     location: Location,
     stream: StreamRef<'_>,
 ) -> Result<()> {
+    let raw = stream.driver_handle("cuMemPrefetchAsync_v2")?;
     let location = location.validate()?;
     require_symbol("cuMemPrefetchAsync_v2")?;
     // SAFETY: the caller names a live range; the driver rejects memory that is not managed with
     // an error code; the stream is valid by `StreamRef`'s contract.
-    unsafe { sys::cuMemPrefetchAsync_v2(ptr, len, location.to_cu(), 0, stream.as_raw()) }
+    unsafe { sys::cuMemPrefetchAsync_v2(ptr, len, location.to_cu(), 0, raw) }
         .result()
         .map_err(|e| Error::driver("cuMemPrefetchAsync_v2", e))
 }

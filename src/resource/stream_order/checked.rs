@@ -301,22 +301,31 @@ unsafe impl<R: MemoryResource> MemoryResource for CheckedResource<R> {
     ) -> Result<()> {
         let start = ptr.as_ptr() as usize;
         let end = start.saturating_add(bytes);
-        if !self.upstream {
-            // Booked before the free: once the inner free is done another thread may take the
-            // block at once, and an ordering call between that free and a later booking would
-            // not count as covering it.
+        if self.upstream {
+            // SAFETY: forwarded caller contract.
+            unsafe { self.inner.deallocate(stream, ptr, bytes, align) }?;
+            self.order.lock().take(start, end);
+            return Ok(());
+        }
+        // The free is timed before the inner resource sees it: from then on another thread's
+        // ordering call may cover it, and must count as later.
+        let t = {
             let mut s = self.order.lock();
             s.take(start, end);
             let t = s.tick();
             s.freed.insert(start, (end, stream.id(), t));
-        }
+            t
+        };
         // SAFETY: forwarded caller contract.
-        let freed = unsafe { self.inner.deallocate(stream, ptr, bytes, align) };
-        if freed.is_err() || self.upstream {
-            // Refused: the block is still live. Upstream: freed after the device is done.
-            self.order.lock().take(start, end);
+        let r = unsafe { self.inner.deallocate(stream, ptr, bytes, align) };
+        if r.is_err() {
+            // Still live: no free to track.
+            let mut s = self.order.lock();
+            if s.freed.get(&start).is_some_and(|&(_, _, at)| at == t) {
+                s.freed.remove(&start);
+            }
         }
-        freed
+        r
     }
 
     fn properties(&self) -> Properties {

@@ -10,16 +10,17 @@
 //! it sit in a pool.
 
 mod checked;
+mod cuda;
 
 pub use checked::{CheckedCounts, CheckedOrder, CheckedResource, OrderFaults};
+pub use cuda::CudaOrder;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::MemoryResource;
-use crate::driver::{Device, Event};
+use crate::driver::Device;
 use crate::error::Error;
 use crate::error::Result;
 use crate::stream::{StreamId, StreamRef};
@@ -253,75 +254,6 @@ impl StreamOrder for CountingOrder {
     }
 }
 
-/// Device ordering: one event per stream, recorded by [`mark`](StreamOrder::mark) while the
-/// stream is in use and waited on with `cuStreamWaitEvent` (the wait captures the record at call
-/// time, so re-recording later is safe). Events belong to this object, so a wait never touches
-/// the signalling stream.
-#[derive(Debug)]
-pub struct CudaOrder {
-    device: Device,
-    events: Mutex<HashMap<StreamId, Event>>,
-}
-
-impl CudaOrder {
-    /// Ordering for streams of `device`.
-    pub fn new(device: &Device) -> Self {
-        CudaOrder {
-            device: device.clone(),
-            events: Mutex::new(HashMap::new()),
-        }
-    }
-}
-
-impl StreamOrder for CudaOrder {
-    fn mark(&self, stream: StreamRef<'_>) -> Result<()> {
-        let mut events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
-        let event = match events.entry(stream.id()) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => {
-                self.device.bind()?;
-                v.insert(Event::new(&self.device, false)?)
-            }
-        };
-        // `record` makes the event's context current itself.
-        event.record(stream)
-    }
-
-    fn wait_for_mark(&self, waiter: StreamRef<'_>, signaller: StreamId) -> Result<()> {
-        if waiter.id() == signaller {
-            return Ok(());
-        }
-        self.device.bind()?;
-        let events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
-        match events.get(&signaller) {
-            Some(e) => e.wait_on(waiter),
-            None => {
-                drop(events);
-                self.synchronize_all()
-            }
-        }
-    }
-
-    fn mark_complete(&self, signaller: StreamId) -> Result<bool> {
-        let events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
-        match events.get(&signaller) {
-            Some(e) => e.is_complete(),
-            None => Ok(false),
-        }
-    }
-
-    fn synchronize_all(&self) -> Result<()> {
-        self.device.synchronize()
-    }
-
-    fn synchronize(&self, stream: StreamRef<'_>) -> Result<()> {
-        self.device.bind()?;
-        // SAFETY: the caller is using `stream`, so `StreamRef`'s contract keeps it valid.
-        unsafe { cudarc::driver::result::stream::synchronize(stream.as_raw()) }
-            .map_err(|e| crate::error::Error::driver("cuStreamSynchronize", e))
-    }
-}
-
 /// The ordering a suballocator over `upstream` needs: none for host memory, events on the
 /// upstream's own device for memory that kernels touch (never the thread's current device).
 pub(crate) fn default_order<R: MemoryResource + ?Sized>(
@@ -350,6 +282,7 @@ pub(crate) fn order_for(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::driver::Device;
     use crate::resource::{HostMemoryResource, PoolMemoryResource, PoolOptions, Properties};
     use std::ptr::NonNull;
 
