@@ -265,23 +265,34 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
     }
 
     /// Returns every upstream chunk with no live block to the upstream, after waiting for all
-    /// work on the device (so no stream handle is needed). Returns the bytes released.
+    /// work on the device (so no stream handle is needed). Returns the bytes released. A chunk
+    /// whose upstream free fails stays in the pool, usable, and is tried again by the next
+    /// `release` and on drop; the first such error is returned once every chunk was tried.
     pub fn release(&self) -> Result<usize> {
         let mut global = lock(&self.inner.global);
         self.gather(&mut global)?;
         let mut released = 0;
+        let mut first = Ok(());
         for (base, size) in global.empty_chunks() {
-            global.remove_chunk(base);
-            // SAFETY: the chunk came from the upstream with this size and GRAIN alignment, and
-            // has just left our index, so it is returned exactly once. All work is done.
-            unsafe {
+            // The global lock is held, so nothing takes the chunk while the upstream frees it;
+            // it leaves the index only once the upstream has it back.
+            // SAFETY: the chunk came from the upstream with this size and GRAIN alignment and
+            // is wholly free; all work is done.
+            let r = unsafe {
                 self.inner
                     .upstream
-                    .deallocate(StreamRef::DEFAULT, non_null(base), size, GRAIN)?
+                    .deallocate(StreamRef::DEFAULT, non_null(base), size, GRAIN)
             };
-            released += size;
+            match r {
+                Ok(()) => {
+                    global.remove_chunk(base);
+                    released += size;
+                }
+                Err(e) if first.is_ok() => first = Err(e),
+                Err(_) => {}
+            }
         }
-        Ok(released)
+        first.map(|()| released)
     }
 
     /// Checks the pool's internal invariants: each core's (tiling, coalescing, indexes,
@@ -487,15 +498,19 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
                 {
                     return Ok(p);
                 }
-                // At least half the shard is free, yet nothing fits, and the free memory is
-                // split among streams (blocks freed on one stream merge only with that
-                // stream's until a synchronisation).
+                // At least half the shard is free, yet nothing fits, and other streams hold
+                // free memory (blocks freed on one stream merge only with that stream's, and
+                // reach others only through an event or a synchronisation), possibly all of
+                // it.
                 // Merging it all after one synchronisation costs less than growing: a soak
                 // whose threads free each other's blocks otherwise doubled the shard without
                 // end (a hundred times its live bytes). The shard's lock is held throughout, so
                 // no free slips in between the synchronisation and the merge.
                 let free = core.pool_size() - core.in_use();
-                if free >= needed && free >= core.pool_size() / 2 && core.free_is_split() {
+                if free >= needed
+                    && free >= core.pool_size() / 2
+                    && core.others_hold_free(stream.id())
+                {
                     order.synchronize_all()?;
                     core.merge_all();
                     if let Some(p) = core.take(stream.id(), bytes, align) {
@@ -578,12 +593,15 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
 
 impl<R: MemoryResource> Drop for Inner<R> {
     fn drop(&mut self) {
-        // Blocks may still be in use by queued work on any stream; the upstream may reuse the
-        // chunks at once.
-        crate::deferred::record(
-            "PoolMemoryResource drop: waiting for streams",
-            self.order.synchronize_all(),
-        );
+        // Blocks may still be in use by queued work on any stream, and the upstream may reuse
+        // the chunks at once: if the device cannot say that work is done, the chunks leak.
+        if let Err(e) = self.order.synchronize_all() {
+            crate::deferred::record::<()>(
+                "PoolMemoryResource drop: waiting for streams (its chunks leak)",
+                Err(e),
+            );
+            return;
+        }
         let global = self
             .global
             .get_mut()

@@ -299,6 +299,9 @@ unsafe impl<R: MemoryResource> MemoryResource for CheckedResource<R> {
         bytes: usize,
         align: usize,
     ) -> Result<()> {
+        // The free's time is when it was asked for: the block's last use was queued before,
+        // so an ordering call the free itself makes (a mark after freeing) covers it.
+        let t = self.order.lock().tick();
         // SAFETY: forwarded caller contract.
         unsafe { self.inner.deallocate(stream, ptr, bytes, align) }?;
         let mut s = self.order.lock();
@@ -306,7 +309,6 @@ unsafe impl<R: MemoryResource> MemoryResource for CheckedResource<R> {
         let end = start.saturating_add(bytes);
         s.take(start, end);
         if !self.upstream {
-            let t = s.tick();
             s.freed.insert(start, (end, stream.id(), t));
         }
         Ok(())
