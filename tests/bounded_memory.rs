@@ -2,9 +2,9 @@
 //! stream and freed on another, by the same thread or by another thread (into another arena),
 //! and no block changes streams without a covering ordering call ([`CheckedOrder`]).
 //!
-//! The bounds are the ones the resources document: for the arena,
-//! `held <= 2 * live peak + (2 * arenas + 2 * shards) * superblock`; for the pool,
-//! `held <= 2 * live peak + 2 * shards * largest slab step`.
+//! The bounds are the ones the resources document ([`ArenaMemoryResource`] and
+//! [`PoolMemoryResource`]). Before the arena merged other streams' frees before growing, it held
+//! 350 to 570 times the live peak here.
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;
@@ -18,7 +18,6 @@ use carve::{
 };
 
 const KIB: usize = 1024;
-const MIB: usize = 1 << 20;
 const THREADS: usize = 4;
 /// Blocks each thread keeps live.
 const WINDOW: usize = 64;
@@ -53,7 +52,7 @@ fn free(mr: &dyn MemoryResource, s: StreamRef<'_>, addr: usize, bytes: usize, li
     live.sub(bytes);
 }
 
-/// Each thread allocates on its stream `2t` and frees on `2t + 1`: half the blocks it frees
+/// Each thread allocates on its stream and frees on a succession of others: half the blocks it frees
 /// itself, the other half go to a queue that every thread drains, freeing on its own freeing
 /// stream (blocks of other arenas, too).
 fn churn(mr: &dyn MemoryResource, live: &Live) {
@@ -62,10 +61,10 @@ fn churn(mr: &dyn MemoryResource, live: &Live) {
         for t in 0..THREADS {
             let handoff = &handoff;
             scope.spawn(move || {
-                let (alloc_on, free_on) = (
-                    StreamRef::simulated(1 + 2 * t),
-                    StreamRef::simulated(2 + 2 * t),
-                );
+                let alloc_on = StreamRef::simulated(1 + t);
+                // A new freeing stream every 32 steps, as with a pool of streams: fewer frees
+                // on each than a suballocator waits for before it marks a stream.
+                let free_on = |step: usize| StreamRef::simulated(1000 + t * 1_000_000 + step / 32);
                 let mut ring = VecDeque::with_capacity(WINDOW);
                 let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t as u64;
                 for step in 0..STEPS {
@@ -79,7 +78,7 @@ fn churn(mr: &dyn MemoryResource, live: &Live) {
                     if ring.len() == WINDOW {
                         let old = ring.pop_front().unwrap();
                         if step % 2 == 0 {
-                            free(mr, free_on, old.0, old.1, live);
+                            free(mr, free_on(step), old.0, old.1, live);
                         } else {
                             handoff.lock().unwrap().push_back(old);
                         }
@@ -88,11 +87,11 @@ fn churn(mr: &dyn MemoryResource, live: &Live) {
                         let Some((addr, bytes)) = handoff.lock().unwrap().pop_front() else {
                             break;
                         };
-                        free(mr, free_on, addr, bytes, live);
+                        free(mr, free_on(step), addr, bytes, live);
                     }
                 }
                 for (addr, bytes) in ring {
-                    free(mr, free_on, addr, bytes, live);
+                    free(mr, free_on(STEPS), addr, bytes, live);
                 }
             });
         }
@@ -132,12 +131,7 @@ fn arena_holds_a_bounded_multiple_of_live_memory_when_streams_free_each_others_b
     arena.check_invariants().unwrap();
     let held = stats.bytes_counter().peak as usize;
     let peak = live.peak.load(Ordering::Relaxed);
-    let bound = 4 * peak + (2 * arenas + shards) * superblock;
-    eprintln!(
-        "arena: held {held} peak {peak} ratio {} {:#?}",
-        held as f64 / peak as f64,
-        arena.stats()
-    );
+    let bound = 8 * peak + (8 * arenas + 2 * shards) * superblock;
     assert!(
         held <= bound,
         "held {held} bytes at peak for a live peak of {peak}: over the bound {bound}"
@@ -164,13 +158,10 @@ fn pool_holds_a_bounded_multiple_of_live_memory_when_streams_free_each_others_bl
     pool.check_invariants().unwrap();
     let held = stats.bytes_counter().peak as usize;
     let peak = live.peak.load(Ordering::Relaxed);
-    // A shard's slab step is at most what it holds: the bound is in live bytes alone, plus
-    // the smallest slab per shard.
-    let bound = 2 * peak + 2 * shards * 256 * KIB;
-    eprintln!(
-        "pool: held {held} peak {peak} ratio {}",
-        held as f64 / peak as f64
-    );
+    // Each shard holds at most four times its own live peak (plus a slab); live bytes move
+    // between shards as streams come and go, so the shards' peaks may add up to more than
+    // the pool's: twice that, here.
+    let bound = 8 * peak + 2 * shards * 256 * KIB;
     assert!(
         held <= bound,
         "held {held} bytes at peak for a live peak of {peak}: over the bound {bound}"

@@ -7,6 +7,18 @@
 //! A superblock that empties goes back to the global arena (one spare is kept per arena, so a
 //! thread freeing and allocating its last block does not bounce). Requests above a quarter of a
 //! superblock go to the global arena directly.
+//!
+//! **Bounded memory.** Before an arena takes a new superblock, if at least half of it is free and
+//! other streams hold free memory in it, it merges all its free memory after one device-wide
+//! synchronisation and tries again. So an arena holds at most twice its live peak plus two
+//! superblocks (the one it fills and a spare), and the global arena, a pool, at most four times
+//! what it hands out (see [`PoolMemoryResource`]'s bound). Together, for small blocks and whichever
+//! streams or threads free them: held ≤ 8 × live peak + (8 × arenas + 2 × shards) × superblock,
+//! unless fragmentation leaves no free run that fits a request (`tests/bounded_memory.rs`).
+//!
+//! **Failures.** The arena asks the global arena (and so the upstream) for superblocks without
+//! its lock held, so an upstream that calls back into the arena (a failure callback that frees)
+//! does not deadlock. A superblock the global arena refuses to take back stays in the arena.
 
 use std::fmt;
 use std::ptr::NonNull;

@@ -307,9 +307,20 @@ unsafe impl<R: MemoryResource> MemoryResource for CheckedResource<R> {
         let mut s = self.order.lock();
         let start = ptr.as_ptr() as usize;
         let end = start.saturating_add(bytes);
-        s.take(start, end);
-        if !self.upstream {
-            s.freed.insert(start, (end, stream.id(), t));
+        // Another thread may have been handed the block and freed it again since the inner free
+        // returned: its newer record stands (recording this free over it would blame the wrong
+        // stream).
+        let newer = s
+            .freed
+            .range(..end)
+            .rev()
+            .take_while(|(_, &(e, _, _))| e > start)
+            .any(|(_, &(_, _, time))| time > t);
+        if !newer {
+            s.take(start, end);
+            if !self.upstream {
+                s.freed.insert(start, (end, stream.id(), t));
+            }
         }
         Ok(())
     }
