@@ -519,15 +519,14 @@ fn free_memory_split_among_streams_is_merged_after_one_synchronisation_before_gr
     pool.check_invariants().unwrap();
 }
 
-/// An arena stream that finds only blocks freed on another stream takes a new superblock rather
-/// than synchronising the device; at the global arena's maximum it synchronises and reuses
-/// them.
+/// An arena stream that finds only blocks freed on another stream takes a new superblock while
+/// less than half the arena is free; from half free on, it merges after one synchronisation
+/// and reuses them instead (the arena's memory bound).
 #[test]
-fn arena_grows_before_it_synchronises_and_synchronises_only_at_its_maximum() {
-    for maximum in [None, Some(MIB)] {
+fn arena_merges_after_one_synchronisation_once_half_free_and_grows_before() {
+    for (freed, syncs, superblocks) in [(2, 0, 2), (4, 1, 1)] {
         let order = Arc::new(RecordingOrder::new());
-        let mut global = PoolOptions::new(0).order(order.clone() as Arc<dyn StreamOrder>);
-        global.maximum_size = maximum;
+        let global = PoolOptions::new(0).order(order.clone() as Arc<dyn StreamOrder>);
         let opts = ArenaOptions {
             superblock_size: MIB,
             arenas: 1,
@@ -535,33 +534,27 @@ fn arena_grows_before_it_synchronises_and_synchronises_only_at_its_maximum() {
         };
         let mr = ArenaMemoryResource::new(HostMemoryResource::new(), opts).unwrap();
         let (a, b) = (stream(1), stream(2));
-        // One superblock: five 200 KiB blocks on `a`, four freed on `b` (one stays live, so
+        // One superblock: five 200 KiB blocks on `a`, some freed on `b` (one stays live, so
         // the superblock stays with the arena).
         let mut blocks: Vec<_> = (0..5)
             .map(|_| mr.allocate(a, 200 * KIB, 256).unwrap())
             .collect();
-        for p in blocks.drain(1..) {
+        for p in blocks.drain(5 - freed..) {
             free(&mr, b, p, 200 * KIB);
         }
         assert_eq!(mr.stats().superblocks, 1);
         let p = mr.allocate(a, 200 * KIB, 256).unwrap();
-        let syncs = order
-            .events()
-            .iter()
-            .filter(|e| **e == OrderEvent::SyncAll)
-            .count();
-        match maximum {
-            None => {
-                assert_eq!(syncs, 0, "{:?}", order.events());
-                assert_eq!(mr.stats().superblocks, 2);
-            }
-            Some(_) => {
-                assert!(syncs >= 1, "{:?}", order.events());
-                assert_eq!(mr.stats().superblocks, 1);
-            }
-        }
+        let events = order.events();
+        let n = events.iter().filter(|e| **e == OrderEvent::SyncAll).count();
+        assert_eq!(
+            (n, mr.stats().superblocks),
+            (syncs, superblocks),
+            "{events:?}"
+        );
         free(&mr, a, p, 200 * KIB);
-        free(&mr, a, blocks[0], 200 * KIB);
+        for p in blocks {
+            free(&mr, a, p, 200 * KIB);
+        }
         assert_eq!(mr.stats().bytes_in_use, 0);
         mr.check_invariants().unwrap();
     }

@@ -69,10 +69,13 @@ impl fmt::Display for LogAction {
 
 /// Writes one CSV line per allocate, free and failed allocate to a file or any writer.
 ///
-/// A free is logged before it is forwarded and an allocation after it returns (as RMM does), so
-/// in the log an address is always freed before another thread can be handed it again. If the
-/// log cannot be written, the call fails with [`crate::Error::Io`] and leaves the memory as it
-/// was: a fresh block is given back to the upstream, a block to free stays allocated.
+/// An allocation is logged after it returns (as RMM does) and a free after it is done, with the
+/// log held from the free to its line, so in the log an address is always freed before another
+/// thread can be handed it again. A failed free is not logged.
+///
+/// If the log cannot be written (a full disk), an allocation fails with [`crate::Error::Io`] and
+/// its fresh block goes back to the upstream; a free still goes through, and the log error is
+/// deferred ([`crate::take_deferred_error`]).
 pub struct LoggingResourceAdaptor<R> {
     inner: Arc<Inner<R>>,
 }
@@ -145,8 +148,19 @@ impl<R: MemoryResource> LoggingResourceAdaptor<R> {
         bytes: usize,
         stream: StreamRef<'_>,
     ) -> Result<()> {
-        let line = format_line(thread_id(), &clock(), action, ptr, bytes, stream);
         let mut out = lock(&self.inner.out);
+        self.write_line(&mut **out, action, ptr, bytes, stream)
+    }
+
+    fn write_line(
+        &self,
+        out: &mut dyn Write,
+        action: LogAction,
+        ptr: Option<NonNull<u8>>,
+        bytes: usize,
+        stream: StreamRef<'_>,
+    ) -> Result<()> {
+        let line = format_line(thread_id(), &clock(), action, ptr, bytes, stream);
         out.write_all(line.as_bytes())?;
         if self.inner.auto_flush {
             out.flush()?;
@@ -274,9 +288,17 @@ unsafe impl<R: MemoryResource> MemoryResource for LoggingResourceAdaptor<R> {
         bytes: usize,
         align: usize,
     ) -> Result<()> {
-        self.log(LogAction::Free, Some(ptr), bytes, stream)?;
+        // The log is held from the free to its line: another thread handed the address by the
+        // upstream in between logs its allocation after this free.
+        let mut out = lock(&self.inner.out);
         // SAFETY: forwarded caller contract.
-        unsafe { self.inner.upstream.deallocate(stream, ptr, bytes, align) }
+        unsafe { self.inner.upstream.deallocate(stream, ptr, bytes, align) }?;
+        // The memory is freed: a log that cannot take the line must not fail the free.
+        crate::deferred::record(
+            "LoggingResourceAdaptor: logging a free",
+            self.write_line(&mut **out, LogAction::Free, Some(ptr), bytes, stream),
+        );
+        Ok(())
     }
 
     fn properties(&self) -> Properties {

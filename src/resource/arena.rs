@@ -7,19 +7,31 @@
 //! A superblock that empties goes back to the global arena (one spare is kept per arena, so a
 //! thread freeing and allocating its last block does not bounce). Requests above a quarter of a
 //! superblock go to the global arena directly.
+//!
+//! **Bounded memory.** Before an arena takes a new superblock, if at least half of it is free and
+//! other streams hold free memory in it, it merges all its free memory after one device-wide
+//! synchronisation and tries again. So an arena holds at most twice its live peak plus two
+//! superblocks (the one it fills and a spare), and the global arena, a pool, at most four times
+//! what it hands out (see [`PoolMemoryResource`]'s bound). Together, for small blocks and whichever
+//! streams or threads free them: held ≤ 8 × live peak + (8 × arenas + 2 × shards) × superblock,
+//! unless fragmentation leaves no free run that fits a request (`tests/bounded_memory.rs`).
+//!
+//! **Failures.** The arena asks the global arena (and so the upstream) for superblocks without
+//! its lock held, so an upstream that calls back into the arena (a failure callback that frees)
+//! does not deadlock. A superblock the global arena refuses to take back stays in the arena.
 
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::coalescing::core::{allocate_from, free_into, PoolCore, Reach, GRAIN};
+use super::coalescing::core::{allocate_from, footprint, free_into, PoolCore, Reach, GRAIN};
 use super::stream_order::default_order;
 use super::{
     check_request, MemoryResource, PoolMemoryResource, PoolOptions, PoolStats, Properties,
     StreamOrder,
 };
 use crate::error::{Error, Result};
-use crate::stream::StreamRef;
+use crate::stream::{StreamId, StreamRef};
 
 const NAME: &str = "ArenaMemoryResource";
 
@@ -182,19 +194,60 @@ impl<R: MemoryResource> ArenaMemoryResource<R> {
         self.inner.arenas.iter().any(|a| lock(a).index.owns(addr))
     }
 
-    /// Returns an empty superblock to the global arena.
-    fn give_back(&self, core: &mut ArenaCore, base: usize, stream: StreamRef<'_>) -> Result<()> {
-        if !core.index.remove_chunk(base) {
-            return Ok(());
+    /// Returns empty superblocks to the global arena, then every wholly free upstream chunk of
+    /// the global arena to the upstream ([`PoolMemoryResource::release`]), after waiting for
+    /// all work on the device. Returns the bytes released upstream. A superblock or chunk whose
+    /// free fails stays in the books (and is tried again by the next `release` or on drop).
+    pub fn release(&self) -> Result<usize> {
+        let mut first = Ok(());
+        {
+            // Every arena is locked across the synchronisation, so no free slips in between it
+            // and the merge.
+            let mut cores: Vec<_> = self.inner.arenas.iter().map(lock).collect();
+            self.inner.order.synchronize_all()?;
+            let mut empty = Vec::new();
+            for (i, core) in cores.iter_mut().enumerate() {
+                core.index.merge_all();
+                for (base, _) in core.index.empty_chunks() {
+                    core.index.remove_chunk(base);
+                    empty.push((i, base));
+                }
+                core.spare = None;
+            }
+            drop(cores);
+            for (i, base) in empty {
+                // All work is done: any stream may take it, so no stream tags it.
+                let r = self.give_back(&self.inner.arenas[i], base, None, StreamRef::DEFAULT);
+                if first.is_ok() {
+                    first = r;
+                }
+            }
         }
+        let released = self.inner.global.release();
+        first.and(released)
+    }
+
+    /// Returns superblock `base`, already out of `arena`'s index, to the global arena, without
+    /// the arena's lock held. Its free blocks were `tag`'s (`None`: free to any stream), and
+    /// `stream`, in use by the caller, orders its last use. If the global arena refuses it, it
+    /// goes back into the index as it was.
+    fn give_back(
+        &self,
+        arena: &Arena,
+        base: usize,
+        tag: Option<StreamId>,
+        stream: StreamRef<'_>,
+    ) -> Result<()> {
         let ptr = NonNull::new(base as *mut u8).expect("superblocks are non-null");
+        let sb = self.inner.superblock;
         // SAFETY: the superblock came from the global arena with this size and alignment and
-        // has just left this arena's index; its last use was ordered on `stream`.
-        unsafe {
-            self.inner
-                .global
-                .deallocate(stream, ptr, self.inner.superblock, GRAIN)
+        // has left this arena's index, so nothing else hands it out or returns it; its last use
+        // was ordered on `stream`.
+        let r = unsafe { self.inner.global.deallocate(stream, ptr, sb, GRAIN) };
+        if r.is_err() {
+            lock(arena).index.add_chunk(base, sb, tag);
         }
+        r
     }
 }
 
@@ -208,34 +261,63 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
             return self.inner.global.allocate(stream, bytes, align);
         }
         let arena = &self.inner.arenas[self.my_arena()];
-        let mut core = lock(arena);
         let order = &*self.inner.order;
-        let index = &mut core.index;
-        if let Some(p) = allocate_from(index, order, stream, bytes, align, Reach::Events, None)? {
-            return Ok(p);
-        }
-        // A new superblock before a device-wide synchronisation: the synchronisation stalls
-        // the host until the device drains, on every stream (and fails while another thread
-        // captures a graph). Replaying a PyTorch trace (torch_gpt_small), synchronising first
-        // took 32 synchronisations; the global arena's free memory usually serves instead.
-        let sb = self.inner.superblock;
-        let base = match self.inner.global.allocate(stream, sb, GRAIN) {
-            Ok(base) => base,
-            Err(e) if e.is_out_of_memory() => {
-                let reach = Reach::Synchronize;
-                return allocate_from(index, order, stream, bytes, align, reach, None)?.ok_or(e);
+        let (_, needed) = footprint(bytes, align).ok_or(Error::SizeOverflow { bytes, align })?;
+        {
+            let mut core = lock(arena);
+            let index = &mut core.index;
+            if let Some(p) = allocate_from(index, order, stream, bytes, align, Reach::Events, None)?
+            {
+                return Ok(p);
             }
-            Err(e) => return Err(e),
-        };
-        core.index
-            .add_chunk(base.as_ptr() as usize, sb, Some(stream.id()));
-        core.index
-            .take(stream.id(), bytes, align)
-            .ok_or_else(|| Error::OutOfMemory {
-                bytes,
-                resource: NAME,
-                detail: "a fresh superblock did not fit the request".to_owned(),
-            })
+            // At least half the arena is free, yet nothing fits, and other streams hold free
+            // memory (blocks freed on one stream merge only with that stream's, and reach
+            // others only through an event or a synchronisation). Merging it after one synchronisation bounds what the arena
+            // holds (see the type's docs); growing instead held twenty times the live bytes
+            // when threads freed each other's blocks. The lock is held from the
+            // synchronisation to the merge, so no free slips in between.
+            let free = index.pool_size() - index.in_use();
+            if free >= needed
+                && free >= index.pool_size() / 2
+                && index.others_hold_free(stream.id())
+            {
+                order.synchronize_all()?;
+                index.merge_all();
+                if let Some(p) = index.take(stream.id(), bytes, align) {
+                    return Ok(p);
+                }
+            }
+        }
+        // A new superblock, asked for without the arena's lock: the upstream may call back
+        // into this arena (a failure callback that frees). A superblock before a device-wide
+        // synchronisation that the arena's own free memory could not make useful: the
+        // synchronisation stalls the host until the device drains, on every stream (and fails
+        // while another thread captures a graph). Replaying a PyTorch trace (torch_gpt_small),
+        // synchronising first took 32 synchronisations.
+        let sb = self.inner.superblock;
+        match self.inner.global.allocate(stream, sb, GRAIN) {
+            Ok(base) => {
+                let mut core = lock(arena);
+                core.index
+                    .add_chunk(base.as_ptr() as usize, sb, Some(stream.id()));
+                core.index
+                    .take(stream.id(), bytes, align)
+                    .ok_or_else(|| Error::OutOfMemory {
+                        bytes,
+                        resource: NAME,
+                        detail: "a fresh superblock did not fit the request".to_owned(),
+                    })
+            }
+            Err(e) if e.is_out_of_memory() => {
+                let mut core = lock(arena);
+                let reach = Reach::Synchronize;
+                Ok(
+                    allocate_from(&mut core.index, order, stream, bytes, align, reach, None)?
+                        .ok_or(e)?,
+                )
+            }
+            Err(e) => Err(e),
+        }
     }
 
     unsafe fn deallocate(
@@ -269,7 +351,8 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
         // Usually the allocating thread frees; otherwise search the other arenas.
         let mut first_err = None;
         for i in (0..n).map(|k| (mine + k) % n) {
-            let mut core = lock(&self.inner.arenas[i]);
+            let arena = &self.inner.arenas[i];
+            let mut core = lock(arena);
             // The own arena needs no ownership probe: the free itself looks the block up.
             if i != mine && !core.index.owns(addr) {
                 continue;
@@ -292,7 +375,11 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
                         core.spare = Some(empty.base);
                         return Ok(());
                     }
-                    return self.give_back(&mut core, empty.base, stream);
+                    if !core.index.remove_chunk(empty.base) {
+                        return Ok(());
+                    }
+                    drop(core);
+                    return self.give_back(arena, empty.base, Some(stream.id()), stream);
                 }
                 Ok(None) => return Ok(()),
                 Err(e) if i == mine => first_err = Some(e),

@@ -386,13 +386,6 @@ impl PoolCore {
         })
     }
 
-    /// Whether free blocks lie in more than one bin (free to any stream, or tied to a stream,
-    /// fresh or sealed), the only case in which [`merge_all`](Self::merge_all) can join
-    /// neighbours: blocks of one bin merge as they are freed.
-    pub fn free_is_split(&self) -> bool {
-        self.bins.iter().filter(|b| !b.is_empty()).nth(1).is_some()
-    }
-
     /// After a device-wide synchronisation: every free block becomes free to any stream, and
     /// neighbours merge.
     pub fn merge_all(&mut self) {

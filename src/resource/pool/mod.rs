@@ -16,16 +16,33 @@
 //! owning shard's streams take it after one `cuStreamWaitEvent`.
 //!
 //! **Synchronisation.** The whole device is synchronised in two cases only. A shard that is at
-//! least half free yet cannot serve a request (its free memory split among streams) merges
-//! after one synchronisation, before it grows. And as a last resort before reporting
+//! least half free yet cannot serve a request while other streams hold free memory in it
+//! merges after one synchronisation, before it grows. And as a last resort before reporting
 //! out-of-memory (and in [`release`](PoolMemoryResource::release) and on drop), every shard's
 //! free memory goes back to the global core.
+//!
+//! **Bounded memory.** A shard grows only when less than half of it is free (or the merge left
+//! no block that fits), and then at most doubles, so it holds at most four times its own live
+//! peak plus its smallest slab (256 KiB), whichever streams free its blocks; unless
+//! fragmentation leaves no free run that fits a request. Shards keep their slabs until the
+//! upstream runs out or [`release`](PoolMemoryResource::release), so the pool holds at most four
+//! times the sum of its shards' live peaks, plus a slab per shard
+//! (`tests/bounded_memory.rs`).
+//!
+//! **Failures.** A chunk whose upstream free fails stays in the pool, usable, and is tried again
+//! by the next `release` and on drop. If the device cannot be synchronised on drop, the chunks
+//! leak (queued work may still use them) and the error is recorded
+//! ([`crate::take_deferred_error`]). A [`StreamOrder`] call that fails or panics leaves the
+//! pool consistent: blocks are carved only after the ordering call that makes them safe has
+//! returned, and a free takes effect before its stream is marked, so a free that unwinds has
+//! freed its block.
 //!
 //! **Stream lifetime.** The pool names a stream to the driver only inside a call on that
 //! stream (see the coalescing engine, `resource::coalescing`), so streams may be destroyed while blocks freed on them sit in the
 //! pool. (A new stream that the driver gives a destroyed one's handle is taken for it.)
 
 mod shards;
+mod upkeep;
 
 use std::fmt;
 use std::ptr::NonNull;
@@ -234,107 +251,6 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
         &self.inner.upstream
     }
 
-    /// Size, use and fragmentation now.
-    pub fn stats(&self) -> PoolStats {
-        let mut global = lock(&self.inner.global);
-        let (mut in_use, mut live, mut slabs) = (0, 0, 0);
-        let mut largest = global.largest_free();
-        for shard in self.inner.shards.iter() {
-            let mut core = lock(&shard.core);
-            in_use += core.in_use();
-            live += core.live_count();
-            slabs += core.chunk_count();
-            largest = largest.max(core.largest_free());
-        }
-        let pool_size = global.pool_size();
-        let free = pool_size - in_use;
-        PoolStats {
-            pool_size,
-            bytes_in_use: in_use,
-            free_bytes: free,
-            largest_free_block: largest,
-            fragmentation: if free == 0 {
-                0.0
-            } else {
-                1.0 - largest as f64 / free as f64
-            },
-            live_blocks: live,
-            chunks: global.chunk_count(),
-            slabs,
-        }
-    }
-
-    /// Returns every upstream chunk with no live block to the upstream, after waiting for all
-    /// work on the device (so no stream handle is needed). Returns the bytes released.
-    pub fn release(&self) -> Result<usize> {
-        let mut global = lock(&self.inner.global);
-        self.gather(&mut global)?;
-        let mut released = 0;
-        for (base, size) in global.empty_chunks() {
-            global.remove_chunk(base);
-            // SAFETY: the chunk came from the upstream with this size and GRAIN alignment, and
-            // has just left our index, so it is returned exactly once. All work is done.
-            unsafe {
-                self.inner
-                    .upstream
-                    .deallocate(StreamRef::DEFAULT, non_null(base), size, GRAIN)?
-            };
-            released += size;
-        }
-        Ok(released)
-    }
-
-    /// Checks the pool's internal invariants: each core's (tiling, coalescing, indexes,
-    /// counters), and that the shards' slabs are exactly the global core's live blocks.
-    pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        let mut global = lock(&self.inner.global);
-        global
-            .check_invariants()
-            .map_err(|e| format!("global: {e}"))?;
-        let (mut slab_bytes, mut slabs) = (0, 0);
-        for (i, shard) in self.inner.shards.iter().enumerate() {
-            let mut core = lock(&shard.core);
-            core.check_invariants()
-                .map_err(|e| format!("shard {i}: {e}"))?;
-            for (base, size) in core.chunks() {
-                if global.live_size(base) != Some(size) {
-                    return Err(format!(
-                        "shard {i} holds slab {base:#x}+{size} that the global core did not hand out"
-                    ));
-                }
-                slab_bytes += size;
-                slabs += 1;
-            }
-        }
-        if slab_bytes != global.in_use() || slabs != global.live_count() {
-            return Err(format!(
-                "shards hold {slabs} slabs of {slab_bytes} bytes; the global core has {} live \
-                 blocks of {} bytes",
-                global.live_count(),
-                global.in_use()
-            ));
-        }
-        Ok(())
-    }
-
-    /// After a device-wide synchronisation, every shard's wholly free slabs go back to the
-    /// global core, and all free memory becomes free to any stream.
-    fn gather(&self, global: &mut PoolCore) -> Result<()> {
-        // Every shard is locked before the synchronisation, so no free can slip in between
-        // (its block's work might still be queued) and be merged as free to any stream.
-        let mut shards: Vec<_> = self.inner.shards.iter().map(|s| lock(&s.core)).collect();
-        self.inner.order.synchronize_all()?;
-        for core in shards.iter_mut() {
-            core.merge_all();
-            for (base, size) in core.empty_chunks() {
-                core.remove_chunk(base);
-                global.free(NAME, StreamId::DEFAULT, base, size)?;
-            }
-        }
-        global.merge_all();
-        Ok(())
-    }
-
     /// A slab of at least `needed` bytes for `stream`'s shard (holding `held` bytes). The shard
     /// doubles (up to [`MAX_DOUBLING`]): a slab of `held` bytes from free global
     /// memory, else from growth; failing both (the upstream or the maximum is exhausted), the
@@ -487,15 +403,19 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
                 {
                     return Ok(p);
                 }
-                // At least half the shard is free, yet nothing fits, and the free memory is
-                // split among streams (blocks freed on one stream merge only with that
-                // stream's until a synchronisation).
+                // At least half the shard is free, yet nothing fits, and other streams hold
+                // free memory (blocks freed on one stream merge only with that stream's, and
+                // reach others only through an event or a synchronisation), possibly all of
+                // it.
                 // Merging it all after one synchronisation costs less than growing: a soak
                 // whose threads free each other's blocks otherwise doubled the shard without
                 // end (a hundred times its live bytes). The shard's lock is held throughout, so
                 // no free slips in between the synchronisation and the merge.
                 let free = core.pool_size() - core.in_use();
-                if free >= needed && free >= core.pool_size() / 2 && core.free_is_split() {
+                if free >= needed
+                    && free >= core.pool_size() / 2
+                    && core.others_hold_free(stream.id())
+                {
                     order.synchronize_all()?;
                     core.merge_all();
                     if let Some(p) = core.take(stream.id(), bytes, align) {
@@ -573,30 +493,6 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
     }
     fn device(&self) -> Option<Device> {
         self.inner.upstream.device()
-    }
-}
-
-impl<R: MemoryResource> Drop for Inner<R> {
-    fn drop(&mut self) {
-        // Blocks may still be in use by queued work on any stream; the upstream may reuse the
-        // chunks at once.
-        crate::deferred::record(
-            "PoolMemoryResource drop: waiting for streams",
-            self.order.synchronize_all(),
-        );
-        let global = self
-            .global
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner);
-        for (base, size) in global.chunks() {
-            // SAFETY: each chunk came from the upstream with this size and alignment and is
-            // returned once, as the last handle to the pool goes away.
-            let r = unsafe {
-                self.upstream
-                    .deallocate(StreamRef::DEFAULT, non_null(base), size, GRAIN)
-            };
-            crate::deferred::record("PoolMemoryResource drop: returning a chunk", r);
-        }
     }
 }
 
