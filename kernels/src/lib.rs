@@ -31,6 +31,7 @@ pub mod blocks;
 pub mod bump;
 pub mod bump_block;
 mod chain;
+pub mod entry;
 mod exact_div;
 pub mod general;
 pub mod global_alloc;
