@@ -139,7 +139,9 @@ unsafe fn slab_alloc_generic<W: Warp, S: Fn() -> u32>(
 }
 
 /// Returns a block to the slab heap at `heap`. Null is ignored; other pointers that are not
-/// blocks of the heap are counted as foreign frees and ignored.
+/// blocks of the heap are counted as foreign frees and ignored. A second free of a block that
+/// is still free changes nothing (counted on checked heaps); a second free after the block was
+/// handed out again cannot be told from its new owner's free, and frees the new owner's block.
 ///
 /// A whole warp on one heap freeing the run of one word of the first segment (what one
 /// allocation gave it) takes the straight-line path; anything else, the generic one, out of
@@ -342,7 +344,8 @@ unsafe fn malloc_generic<W: Warp, S: Fn() -> u32>(
 
 /// Returns a block to the general heap at `heap`; its class is found from the pointer alone.
 /// Null is ignored; other pointers that are no block of the heap are counted as foreign frees
-/// and ignored (double frees too, on checked heaps).
+/// and ignored. Double frees as for [`slab_free`]: counted while the block is free, and, once it
+/// was handed out again, a free of the new owner's block.
 ///
 /// # Safety
 /// As for [`malloc`]; the block must not be used after this call.
