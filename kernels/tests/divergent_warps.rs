@@ -451,7 +451,7 @@ fn four_warps_of_mixed_heaps_keep_every_block_and_count() {
                         rng ^= rng << 17;
                         let seed = warp_index * 1000 + round;
                         let tag = warp_index as u64 * 1_000_000 + round as u64 * 100 + l;
-                        let alloc = held.len() < 8 && rng % 3 != 0;
+                        let alloc = held.len() < 8 && !rng.is_multiple_of(3);
                         // Allocations, then frees: the emulator's `active()` does not tell
                         // lanes at different call sites apart.
                         if alloc {
@@ -483,7 +483,7 @@ fn four_warps_of_mixed_heaps_keep_every_block_and_count() {
                             // SAFETY: as above.
                             let seen = unsafe { (p as *const u64).read_volatile() };
                             assert_eq!(seen, tag, "block {p:#x} held twice");
-                            let misroute = (rng >> 24) % 7 == 0;
+                            let misroute = (rng >> 24).is_multiple_of(7);
                             let into = if misroute { 1 - h } else { h };
                             if misroute {
                                 foreign[into].fetch_add(1, Relaxed);
