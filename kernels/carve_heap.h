@@ -5,22 +5,31 @@
  * cuLinkCreate / cuLinkAddData / cuLinkComplete. The heap itself is created on the host with
  * carve::DeviceHeap::{slab, bump}; pass DeviceHeap::device_ptr() to your kernel as `heap`.
  *
- * Semantics (all are warp-cooperative: lanes that call together share the atomics; any subset
- * of lanes may call, with different arguments):
+ * Semantics. All but carve_bump_alloc_block are warp-cooperative: lanes that call together
+ * share the atomics. Any subset of a warp's lanes may call, each with its own arguments: lanes
+ * may pass different heaps, NULL, or a heap of another kind. The lanes are grouped by heap
+ * first; each group's collectives name its own lanes only, and a lane whose heap is NULL or of
+ * another kind gets NULL (or frees nothing) without leaving the others' collectives.
  *   carve_slab_alloc(heap)            one block of the slab's block size; NULL when exhausted or
  *                                     when `heap` is not a slab. Blocks are aligned to 16 bytes,
  *                                     or to the block size when it is a power of two (<= 4096).
  *   carve_slab_free(heap, p)          returns a block. NULL is ignored. A pointer that is not a
- *                                     block of the heap is counted (foreign_frees) and ignored; on
- *                                     checked heaps (the default) a double free is counted too.
+ *                                     block of the heap (outside it, inside a block, misaligned,
+ *                                     another heap's) is counted (foreign_frees) and ignored. A
+ *                                     second free of a block that is still free is ignored, and
+ *                                     counted (double_frees) on checked heaps (the default).
+ *                                     A second free after the block was handed out again cannot
+ *                                     be told from its new owner's free: it frees the new
+ *                                     owner's block, uncounted (the new owner's own free is then
+ *                                     the one counted as a double free).
  *   carve_bump_alloc(heap, n, align)  n bytes aligned to align (a power of two <= 4096); NULL when
  *                                     exhausted, n == 0, a bad alignment, or `heap` not a bump.
  *                                     Released all at once by DeviceHeap::reset on the host.
  *   carve_bump_alloc_block(heap, n, align)
  *                                     as carve_bump_alloc, but called by every thread of the
- *                                     block (as __syncthreads), each with its own n: one
- *                                     reservation for the whole block. When it does not fit,
- *                                     every thread of the block gets NULL.
+ *                                     block (as __syncthreads) with the same heap, each with
+ *                                     its own n: one reservation for the whole block. When it
+ *                                     does not fit, every thread of the block gets NULL.
  *   carve_malloc(heap, n)             n bytes (1 to 16 MiB) from a general heap
  *                                     (DeviceHeap::general): a block of the smallest size class
  *                                     that holds n (four classes per power of two up to 64 KiB,
@@ -30,6 +39,9 @@
  *                                     heap, n == 0, or `heap` is not a general heap.
  *   carve_free(heap, p)               returns a carve_malloc block; the class is found from p.
  *                                     NULL is ignored; other pointers are counted and ignored.
+ *                                     Double frees as for carve_slab_free: counted while the
+ *                                     block is free, undetectable once it is handed out again
+ *                                     (the stale free frees the new owner's block).
  * None of them traps or unwinds; failures are counted in DeviceHeap::stats().
  *
  * The module exports exactly these functions and nothing else (tests/no_gpu.rs checks it): the

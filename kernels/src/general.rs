@@ -80,6 +80,25 @@ pub fn key_of(base: u64, stride_log2: u32, nclasses: u32, ptr: *mut u8) -> u32 {
     }
 }
 
+/// The fields of a general header that `carve_malloc` and `carve_free` read on every call.
+#[derive(Clone, Copy, Debug)]
+pub struct GeneralFront {
+    /// [`GeneralHeader::nclasses`].
+    pub nclasses: u32,
+    /// [`GeneralHeader::stride_log2`].
+    pub stride_log2: u32,
+    /// [`GeneralHeader::base`].
+    pub base: u64,
+}
+
+impl GeneralFront {
+    /// [`free_key`] from these fields.
+    #[inline(always)]
+    pub fn free_key(&self, ptr: *mut u8) -> u32 {
+        key_of(self.base, self.stride_log2, self.nclasses, ptr)
+    }
+}
+
 impl GeneralHeader {
     /// The class whose segment holds `ptr`, or `None` outside every class.
     #[inline(always)]

@@ -31,6 +31,7 @@ pub mod blocks;
 pub mod bump;
 pub mod bump_block;
 mod chain;
+pub mod entry;
 mod exact_div;
 pub mod general;
 pub mod global_alloc;
@@ -50,6 +51,9 @@ mod nvptx;
 // Kernels for carve's tests and benchmarks: a second PTX module, never the shipped one.
 #[cfg(all(target_arch = "nvptx64", feature = "test-kernels"))]
 mod test_entry;
+// A kernel whose lanes pass different heaps and pointers: the same module.
+#[cfg(all(target_arch = "nvptx64", feature = "test-kernels"))]
+mod test_divergent;
 // Floors for the mixed-size benchmark: the same module.
 #[cfg(all(target_arch = "nvptx64", feature = "test-kernels"))]
 mod test_floor;

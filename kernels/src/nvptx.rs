@@ -2,6 +2,7 @@
 
 use core::arch::nvptx;
 
+use crate::general::GeneralFront;
 use crate::heap_layout::{GeneralHeader, HeapHandle, GENERAL_CLASS_SLOTS};
 use crate::sync::atomic::AtomicU64;
 use crate::warp::Warp;
@@ -410,25 +411,6 @@ pub(crate) unsafe fn read_handle(heap: *const HeapHandle) -> HeapHandle {
         _pad: (w80 >> 32) as u32,
         next,
         reserved: [0; 4],
-    }
-}
-
-/// The fields of a general header that `carve_malloc` and `carve_free` read on every call.
-#[derive(Clone, Copy, Debug)]
-pub struct GeneralFront {
-    /// [`GeneralHeader::nclasses`].
-    pub nclasses: u32,
-    /// [`GeneralHeader::stride_log2`].
-    pub stride_log2: u32,
-    /// [`GeneralHeader::base`].
-    pub base: u64,
-}
-
-impl GeneralFront {
-    /// [`general::free_key`](crate::general::free_key) from these fields.
-    #[inline(always)]
-    pub fn free_key(&self, ptr: *mut u8) -> u32 {
-        crate::general::key_of(self.base, self.stride_log2, self.nclasses, ptr)
     }
 }
 

@@ -861,32 +861,35 @@ pub unsafe fn chain_free<W: Warp>(h: &HeapHandle, warp: &W, ptr: *mut u8) {
 /// As for [`chain_free`].
 #[inline(always)]
 pub unsafe fn chain_free_each<W: Warp>(h: &HeapHandle, warp: &W, ptr: *mut u8) {
-    let first = h;
-    let mut h = h;
-    loop {
+    // Each lane finds its segment (or none) with no collective...
+    let mut seg = h;
+    let found = loop {
         // SAFETY: the caller vouches for every segment of the chain.
-        let slab = unsafe { Slab::new(h) };
+        let slab = unsafe { Slab::new(seg) };
         if let Some(idx) = slab.index_of(ptr) {
-            // Lanes that found other segments may be converged here too: group by segment
-            // first, or a group's head would clear a run of its own segment's word that
-            // belongs to another segment's lanes.
-            let active = warp.active();
-            let seg = h as *const HeapHandle as u64;
-            let same = if warp.match_all(active, seg) {
-                active
-            } else {
-                warp.match_any(active, seg)
-            };
-            slab.free_index_among(warp, idx, same);
-            return;
+            break Some((slab, idx));
         }
-        if h.next == 0 {
-            // SAFETY: as above.
-            unsafe { Slab::new(first) }.count_foreign(warp.slot_hint());
-            return;
+        if seg.next == 0 {
+            break None;
         }
         // SAFETY: as above.
-        h = unsafe { &*(h.next as *const HeapHandle) };
+        seg = unsafe { &*(seg.next as *const HeapHandle) };
+    };
+    // ...then every calling lane, pointers of no segment included, groups by segment before
+    // any leaves: a fixed set of lanes (`Among`) names all of them in its collectives. Group by
+    // segment, not only by word: lanes that found different segments may be converged here,
+    // and a group's head clears a run of its own segment's word.
+    let active = warp.active();
+    let key = found.map_or(0, |_| seg as *const HeapHandle as u64);
+    let same = if warp.match_all(active, key) {
+        active
+    } else {
+        warp.match_any(active, key)
+    };
+    match found {
+        Some((slab, idx)) => slab.free_index_among(warp, idx, same),
+        // SAFETY: as above.
+        None => unsafe { Slab::new(h) }.count_foreign(warp.slot_hint()),
     }
 }
 

@@ -5,11 +5,12 @@
 
 use alloc::vec::Vec;
 
+use crate::entry;
 use crate::general::{bench_request_size, test_request_size};
 use crate::global_alloc::CarveAlloc;
 use crate::heap_entry::{
     carve_bump_alloc, carve_bump_alloc_block, carve_free, carve_malloc, carve_slab_alloc,
-    carve_slab_free, slab_alloc_with, slab_free_with,
+    carve_slab_free,
 };
 use crate::heap_layout::{GeneralHeader, HeapHandle};
 use crate::nvptx::{self, RelaxedWarp};
@@ -529,9 +530,15 @@ pub unsafe extern "ptx-kernel" fn carve_bench_slab_alloc_relaxed(
     n: u64,
 ) {
     if let Some(i) = tid(n) {
-        // SAFETY: forwarded contract; i < n.
-        // SAFETY: forwarded contract; i < n.
-        let p = unsafe { slab_alloc_with(heap, &RelaxedWarp::<true>, &RelaxedWarp::<false>) };
+        // SAFETY: forwarded contract; `RelaxedWarp::<true>` is all 32 lanes.
+        let p = unsafe {
+            entry::slab_alloc(
+                heap,
+                &RelaxedWarp::<true>,
+                &RelaxedWarp::<false>,
+                nvptx::warp_index,
+            )
+        };
         // SAFETY: i < n.
         unsafe { out.add(i).write(p as u64) };
     }
@@ -552,7 +559,7 @@ pub unsafe extern "ptx-kernel" fn carve_bench_slab_free_relaxed(
         // SAFETY: forwarded contract; i < n.
         let p = unsafe { ptrs.add(i).read() } as *mut u8;
         // SAFETY: forwarded contract.
-        unsafe { slab_free_with(heap, p, &RelaxedWarp::<true>, &RelaxedWarp::<false>) }
+        unsafe { entry::slab_free(heap, p, &RelaxedWarp::<true>, &RelaxedWarp::<false>) }
     }
 }
 

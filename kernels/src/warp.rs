@@ -129,6 +129,72 @@ impl<W: Warp> Warp for Among<'_, W> {
     }
 }
 
+/// The lanes of `mask` of `warp`, for lanes that run on in the same code as others of the warp
+/// but must not share collectives with them (the device heap's entry points group lanes by the
+/// heap they pass): `active()` is `warp.active() & mask`, so on a warp that tracks the lanes
+/// executing (`activemask`) lanes that leave still drop out by themselves, and every collective
+/// the allocators derive from `active()` names lanes of `mask` only.
+#[derive(Clone, Copy, Debug)]
+pub struct Within<'w, W> {
+    /// The whole warp.
+    pub warp: &'w W,
+    /// The lanes of this group.
+    pub mask: u32,
+}
+
+impl<'w, W: Warp> Within<'w, W> {
+    /// The calling lanes of `warp` (its `active()`) that pass the same `key` as this one: one
+    /// `match_any` that every calling lane makes.
+    #[inline(always)]
+    pub fn grouped(warp: &'w W, key: u64) -> Self {
+        let active = warp.active();
+        Within {
+            warp,
+            mask: warp.match_any(active, key),
+        }
+    }
+}
+
+impl<W: Warp> Warp for Within<'_, W> {
+    const TRACKS_ACTIVE: bool = W::TRACKS_ACTIVE;
+    #[inline(always)]
+    fn active(&self) -> u32 {
+        self.warp.active() & self.mask
+    }
+    #[inline(always)]
+    fn lane(&self) -> u32 {
+        self.warp.lane()
+    }
+    #[inline(always)]
+    fn shfl(&self, mask: u32, v: u32, src: u32) -> u32 {
+        self.warp.shfl(mask, v, src)
+    }
+    #[inline(always)]
+    fn match_any(&self, mask: u32, v: u64) -> u32 {
+        self.warp.match_any(mask, v)
+    }
+    #[inline(always)]
+    fn match_all(&self, mask: u32, v: u64) -> bool {
+        self.warp.match_all(mask, v)
+    }
+    #[inline(always)]
+    fn ballot(&self, mask: u32, pred: bool) -> u32 {
+        self.warp.ballot(mask, pred)
+    }
+    #[inline(always)]
+    fn slot_hint(&self) -> u32 {
+        self.warp.slot_hint()
+    }
+    #[inline(always)]
+    fn fetch_or_acquire(&self, a: &AtomicU64, v: u64) -> u64 {
+        self.warp.fetch_or_acquire(a, v)
+    }
+    #[inline(always)]
+    fn fetch_and_release(&self, a: &AtomicU64, v: u64) -> u64 {
+        self.warp.fetch_and_release(a, v)
+    }
+}
+
 /// A warp of one lane: the host build's stand-in, where each thread is its own warp leader.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SoloLane {

@@ -1,5 +1,6 @@
 //! The host lock-step warp (`support::lockstep`): its collectives, then the slab's multi-lane
-//! allocation and free paths run by 32 lanes at once, as the PTX entry points run them.
+//! allocation and free paths run by 32 lanes at once through the PTX entry points' own code
+//! (`carve_kernels::entry`).
 #![cfg(not(carve_loom))]
 
 mod support;
@@ -7,8 +8,9 @@ mod support;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use carve_kernels::heap_layout::*;
-use carve_kernels::slab::{self, Slab};
+use carve_kernels::slab;
 use carve_kernels::warp::{Among, Warp};
+use support::entry;
 use support::lockstep::{self, Lane};
 use support::HostHeap;
 
@@ -111,37 +113,30 @@ fn mismatched_masks_are_reported_not_hung() {
     });
 }
 
-// ---- the slab, 32 lanes at once ----
-
-/// Host copy of `carve_slab_alloc` (`heap_entry.rs`, nvptx-only): a whole warp takes
-/// `alloc_in_chain` over the first segment, anything else `chain_alloc`.
-fn entry_alloc(h: &HeapHandle, w: &Lane<'_>, hint: u64) -> *mut u8 {
-    if w.active() != u32::MAX {
-        // SAFETY: `h` is a formatted host heap chain that outlives the call.
-        return unsafe { slab::chain_alloc(h, w, hint) };
-    }
-    let copy = *h;
-    // SAFETY: as above; `copy` equals the handle at `h`.
-    let p = unsafe { Slab::with_copy(&copy, h) }.alloc_in_chain(w, hint);
-    if p.is_null() && h.next != 0 {
-        // SAFETY: `next` is the next segment of the chain.
-        return unsafe { slab::chain_alloc(&*(h.next as *const HeapHandle), w, hint) };
-    }
-    p
+/// A lane that returned never arrives: a collective whose mask names it fails the test (whether
+/// the lane returns before the others reach it or while they wait), as it is undefined
+/// behaviour on the GPU.
+#[test]
+#[should_panic(expected = "returned")]
+fn a_collective_naming_a_lane_that_returned_fails() {
+    lockstep::run(4, 0, |w| {
+        if w.lane() == 3 {
+            return;
+        }
+        w.ballot(0b1111, true);
+    });
 }
 
-/// Host copy of `carve_slab_free`: null ignored; a whole warp tries `free_run`, then the lanes
-/// free through `chain_free_each`.
+// ---- the slab, 32 lanes at once ----
+
+/// `carve_slab_alloc` on a heap handle of the test.
+fn entry_alloc(h: &HeapHandle, w: &Lane<'_>, seed: u32) -> *mut u8 {
+    entry::slab_alloc(h, w, seed)
+}
+
+/// `carve_slab_free` on a heap handle of the test.
 fn entry_free(h: &HeapHandle, w: &Lane<'_>, ptr: *mut u8) {
-    if ptr.is_null() {
-        return;
-    }
-    // SAFETY: `h` is a formatted host heap chain; `ptr` is the caller's block.
-    if w.active() == u32::MAX && unsafe { Slab::new(h) }.free_run(w, ptr) {
-        return;
-    }
-    // SAFETY: as above.
-    unsafe { slab::chain_free_each(h, w, ptr) }
+    entry::slab_free(h, w, ptr)
 }
 
 fn xorshift(s: &mut u64) -> u64 {
@@ -245,12 +240,12 @@ fn slab_32_lanes_diverge_never_share_a_block_and_keep_exact_counts() {
         let mut held: Vec<(*mut u8, u32)> = Vec::new();
         for round in 0..rounds {
             let tag = (l + 1) << 24 | round;
-            // The same hint for every lane, as `slab_hint` gives one per warp.
-            let hint = slab::warp_hint(round, cap);
+            // The round stands for the warp index: one hint for every lane.
+            let seed = round;
             match round % 4 {
                 // Every lane allocates.
                 0 => {
-                    let p = entry_alloc(&heap.handle, w, hint);
+                    let p = entry_alloc(&heap.handle, w, seed);
                     ledger.take(p, tag);
                     if !p.is_null() {
                         held.push((p, tag));
@@ -267,7 +262,7 @@ fn slab_32_lanes_diverge_never_share_a_block_and_keep_exact_counts() {
                 // A random subset allocates.
                 2 => {
                     if held.len() < 30 && !xorshift(&mut rng).is_multiple_of(3) {
-                        let p = entry_alloc(&heap.handle, w, hint);
+                        let p = entry_alloc(&heap.handle, w, seed);
                         ledger.take(p, tag);
                         if !p.is_null() {
                             held.push((p, tag));
@@ -316,7 +311,7 @@ fn slab_32_lanes_exhaust_exactly_and_recover() {
         let mut held: Vec<(*mut u8, u32)> = Vec::new();
         // 5 rounds of 32 requests for 100 blocks, then more with every hint.
         for round in 0..8u32 {
-            let p = entry_alloc(&heap.handle, w, slab::warp_hint(round, cap));
+            let p = entry_alloc(&heap.handle, w, round);
             let tag = (l + 1) << 24 | round;
             ledger.take(p, tag);
             if !p.is_null() {
@@ -352,7 +347,7 @@ fn slab_32_lanes_exhaust_exactly_and_recover() {
         w.sync();
         let mut again = 0u64;
         for round in 0..8u32 {
-            let p = entry_alloc(&heap.handle, w, slab::warp_hint(round + 8, cap));
+            let p = entry_alloc(&heap.handle, w, round + 8);
             let tag = (l + 1) << 24 | (round + 8);
             ledger.take(p, tag);
             if !p.is_null() {
@@ -442,7 +437,7 @@ fn chain(a: &HostHeap, b: &HostHeap) -> HeapHandle {
 fn fill_two_segments(head: &HeapHandle, w: &Lane<'_>) -> Vec<u64> {
     let mut held = Vec::new();
     for round in 0..5u32 {
-        let p = entry_alloc(head, w, slab::warp_hint(round, 64));
+        let p = entry_alloc(head, w, round);
         if !p.is_null() {
             held.push(p as u64);
         }

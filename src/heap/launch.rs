@@ -121,6 +121,14 @@ impl<'a> HeapKernels<'a> {
         cuda_malloc_mixed => "carve_bench_malloc_mixed"(out: u64, n: u64, max: u64, seed: u32)
     );
     launcher!(
+        /// Thread `i < n` makes one call with its own heap `heaps[i]` (0 for none) and argument
+        /// `args[i]`: `op` 0 `carve_slab_alloc`, 1 `carve_slab_free(heap, args[i])`, 2
+        /// `carve_bump_alloc(heap, args[i], 16)`, 3 `carve_malloc(heap, args[i])`, 4
+        /// `carve_free(heap, args[i])`; an allocation's pointer goes to `out[i]`, and its first
+        /// 8 bytes get `i` (`kernels/src/test_divergent.rs`).
+        per_lane => "carve_test_heap_per_lane"(op: u32, heaps: u64, args: u64, out: u64, n: u64)
+    );
+    launcher!(
         /// Thread `i < n` bump-allocates `bytes` aligned to `align` into `out[i]`.
         bump_alloc => "carve_heap_bump_alloc"(heap: u64, out: u64, n: u64, bytes: u64, align: u64)
     );

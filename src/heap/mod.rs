@@ -122,7 +122,9 @@ unsafe impl Sync for DeviceHeap {}
 impl DeviceHeap {
     /// A slab of `capacity` blocks of `block_size` bytes (a multiple of 16), reserved from
     /// `resource` and ordered on `stream`. Frees are checked (double frees are counted, not
-    /// trusted); see [`DeviceHeap::slab_unchecked`].
+    /// trusted); see [`DeviceHeap::slab_unchecked`]. A double free is seen only while the block
+    /// is still free: once it was handed out again, a stale free of the old pointer frees the
+    /// new owner's block, uncounted (`kernels/carve_heap.h`).
     ///
     /// Where the memory comes from matters a little: on an H100, a heap in memory that
     /// cuMemAlloc handed out after a large allocation (1.5 GiB or more) was freed took about 4 %

@@ -26,7 +26,9 @@ pub struct HeapStats {
     /// Requests that returned null (refused sizes and alignments included; for a general heap,
     /// requests of 0 bytes or past its largest class too).
     pub failed_allocs: u64,
-    /// Frees of a block that was already free (checked slabs).
+    /// Frees of a block that was already free (checked slabs). A stale free of a block that was
+    /// handed out again frees the new owner's block instead; only the new owner's own free is
+    /// then counted here.
     pub double_frees: u64,
     /// Frees of a pointer that is no block of this heap.
     pub foreign_frees: u64,

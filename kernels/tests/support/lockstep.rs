@@ -8,10 +8,12 @@
 //!   mask, among those still gathering, and removed by its last reader), so calls with
 //!   different masks can be open at once: a subset of lanes may run collectives of its own
 //!   while the rest wait at one over the whole warp, and a record is never reused while a lane
-//!   still reads it. A lane that has finished its closure counts as arrived (with value 0).
-//!   Lanes of one call must make the same collective at the same place in the source: a lane
-//!   that skipped one (a short-circuit `&&` before a shuffle, say) and meets the others at its
-//!   next fails the test, where on the GPU the warp hangs.
+//!   still reads it. A lane that has finished its closure never arrives: a collective whose
+//!   mask names it fails the test (on the GPU, a `.sync` collective naming a lane that left is
+//!   undefined behaviour). Only the test's own [`Lane::sync`] waits for the running lanes. Lanes of one call must make the same collective at the same place in
+//!   the source: a lane that skipped one (a short-circuit `&&` before a shuffle, or a return
+//!   before the others' collective) and meets the others at its next fails the test, where on
+//!   the GPU the warp hangs.
 //! - **`active()`** emulates `activemask` under divergence: the lanes that call it wait until
 //!   every running lane is blocked (at a collective, at `active()`, or finished), and those at
 //!   `active()` together get their own set. So `if want { alloc }` in the closure gives the
@@ -34,6 +36,8 @@ struct Record {
     /// all make the same one at the same place.
     op: (&'static str, &'static std::panic::Location<'static>),
     mask: u32,
+    /// Lanes that returned count as arrived ([`Lane::sync`] only).
+    exits_arrive: bool,
     arrived: u32,
     vals: [u64; 32],
     complete: bool,
@@ -61,10 +65,27 @@ struct State {
 impl State {
     /// Completes what can complete; returns true when anything changed.
     fn progress(&mut self) -> bool {
+        // The first failure stands: every lane reports it.
+        if self.failed.is_some() {
+            return false;
+        }
+        if let Some(r) = self
+            .records
+            .iter()
+            .find(|r| !r.complete && !r.exits_arrive && r.mask & self.exited & !r.arrived != 0)
+        {
+            let gone = r.mask & self.exited & !r.arrived;
+            self.failed = Some(format!(
+                "lanes {gone:#x} returned, but lanes {:#x} wait for them at {} at {} over {:#x}",
+                r.arrived, r.op.0, r.op.1, r.mask
+            ));
+            return true;
+        }
         let mut changed = false;
         let running = self.lanes & !self.exited;
         for r in &mut self.records {
-            if !r.complete && r.mask & running & !r.arrived == 0 {
+            let waits_for = if r.exits_arrive { running } else { u32::MAX };
+            if !r.complete && r.mask & waits_for & !r.arrived == 0 {
                 r.complete = true;
                 r.unread = r.arrived;
                 self.blocked &= !r.arrived;
@@ -133,7 +154,8 @@ impl Lane<'_> {
         self.shared.lock().lanes
     }
 
-    /// `__syncwarp()`: waits for every running lane.
+    /// `__syncwarp()`: waits for every running lane (the only call where lanes that returned
+    /// count as arrived).
     #[track_caller]
     pub fn sync(&self) {
         let mask = self.launched();
@@ -147,7 +169,7 @@ impl Lane<'_> {
     }
 
     /// Publishes `v` to the call of `mask` and returns every lane's value, with the lanes that
-    /// published (the others had finished).
+    /// published (all of `mask`, less lanes that returned before a [`Lane::sync`]).
     #[track_caller]
     fn exchange(&self, op: &'static str, mask: u32, v: u64) -> ([u64; 32], u32) {
         let op = (op, std::panic::Location::caller());
@@ -163,13 +185,27 @@ impl Lane<'_> {
             mask & !g.lanes == 0,
             "mask {mask:#x} names lanes never launched"
         );
+        let exits_arrive = op.0 == "syncwarp";
         let running = g.lanes & !g.exited;
-        // The open call with this mask (up to lanes that finished since) that this lane has not
-        // joined yet, else a new one.
-        let found = g
-            .records
-            .iter()
-            .position(|r| !r.complete && r.arrived & me == 0 && r.mask & running == mask & running);
+        if !exits_arrive && mask & g.exited != 0 {
+            let why = format!(
+                "lane {} calls {} at {} over {mask:#x}, which names lanes {:#x} that returned",
+                self.lane,
+                op.0,
+                op.1,
+                mask & g.exited
+            );
+            g.failed = Some(why.clone());
+            self.shared.cv.notify_all();
+            panic!("{why}");
+        }
+        // The open call with this mask that this lane has not joined yet, else a new one.
+        let found = g.records.iter().position(|r| {
+            !r.complete
+                && r.arrived & me == 0
+                && r.exits_arrive == exits_arrive
+                && r.mask & running == mask & running
+        });
         let i = match found {
             // A lane that skipped a collective the others wait at (a short-circuit `&&`, say)
             // would meet them at its next one: on the GPU the warp hangs.
@@ -193,6 +229,7 @@ impl Lane<'_> {
                     id,
                     op,
                     mask,
+                    exits_arrive,
                     arrived: 0,
                     vals: [0; 32],
                     complete: false,
@@ -226,6 +263,9 @@ impl Lane<'_> {
 }
 
 impl Warp for Lane<'_> {
+    // `active()` emulates `activemask`: lanes that returned leave it by themselves.
+    const TRACKS_ACTIVE: bool = true;
+
     fn active(&self) -> u32 {
         let me = 1u32 << self.lane;
         let mut g = self.shared.lock();

@@ -117,6 +117,21 @@ impl HostHeap {
             .sum()
     }
 
+    /// A quiet slab's invariants: see [`check_slab`].
+    pub fn check(&self) {
+        check_slab(&self.handle);
+    }
+
+    /// Whether block `idx`'s bit is set.
+    pub fn is_claimed(&self, idx: u64) -> bool {
+        is_claimed(&self.handle, idx)
+    }
+
+    /// The index of `p` if it is the start of one of this slab's blocks.
+    pub fn index_of(&self, p: *mut u8) -> Option<u64> {
+        block_index(&self.handle, p)
+    }
+
     pub fn bump_offset(&self) -> u64 {
         self.offset[0].load(Ordering::Relaxed)
     }
@@ -127,6 +142,64 @@ unsafe impl Send for HostHeap {}
 // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
 unsafe impl Sync for HostHeap {}
 
+/// A quiet slab's invariants (no call in flight): each shard's count equals the bits set in its
+/// words, no count passes its peak nor a peak its shard's blocks, and no bit past the capacity is
+/// set.
+pub fn check_slab(h: &HeapHandle) {
+    assert_eq!(h.kind, KIND_SLAB, "check is for slabs");
+    // SAFETY: a formatted slab's arrays: `nwords` words, `nshards` counts and peaks.
+    let (words, used, peak) = unsafe {
+        (
+            std::slice::from_raw_parts(h.words as *const AtomicU64, h.nwords as usize),
+            std::slice::from_raw_parts(h.shard_used as *const AtomicU32, h.nshards as usize),
+            std::slice::from_raw_parts(h.shard_peak as *const AtomicU32, h.nshards as usize),
+        )
+    };
+    let per = 1usize << h.shard_words_log2;
+    for s in 0..h.nshards as usize {
+        let bits: u64 = words[s * per..((s + 1) * per).min(words.len())]
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed).count_ones() as u64)
+            .sum();
+        let used = used[s].load(Ordering::Relaxed) as u64;
+        let peak = peak[s].load(Ordering::Relaxed) as u64;
+        let blocks = (h.capacity - (s * per * 64) as u64).min((per * 64) as u64);
+        assert_eq!(used, bits, "shard {s}: count {used}, bits set {bits}");
+        assert!(
+            used <= peak,
+            "shard {s}: count {used} above its peak {peak}"
+        );
+        assert!(
+            peak <= blocks,
+            "shard {s}: peak {peak} above its {blocks} blocks"
+        );
+    }
+    for (i, w) in words.iter().enumerate() {
+        let first = i as u64 * 64;
+        let valid = match h.capacity.saturating_sub(first) {
+            0 => 0,
+            n if n >= 64 => u64::MAX,
+            n => (1u64 << n) - 1,
+        };
+        let v = w.load(Ordering::Relaxed);
+        assert_eq!(v & !valid, 0, "word {i}: bits past the capacity: {v:#x}");
+    }
+}
+
+/// Whether block `idx` of the slab `h` is claimed (its bit set).
+pub fn is_claimed(h: &HeapHandle, idx: u64) -> bool {
+    assert!(idx < h.capacity);
+    // SAFETY: word `idx / 64` of a formatted slab's bitmap.
+    let w = unsafe { &*(h.words as *const AtomicU64).add((idx / 64) as usize) };
+    w.load(Ordering::Relaxed) >> (idx % 64) & 1 != 0
+}
+
+/// The index of `p` in the slab `h` if it is the start of one of its blocks.
+pub fn block_index(h: &HeapHandle, p: *mut u8) -> Option<u64> {
+    let off = (p as u64).checked_sub(h.data)?;
+    (off % h.block_size == 0 && off / h.block_size < h.capacity).then(|| off / h.block_size)
+}
+
 trait Zeroed {
     fn zeroed_handle() -> Self;
 }
@@ -135,4 +208,6 @@ impl Zeroed for HeapHandle {
         bytemuck::Zeroable::zeroed()
     }
 }
+pub mod entry;
+pub mod general;
 pub mod lockstep;
