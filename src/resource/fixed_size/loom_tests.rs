@@ -184,7 +184,7 @@ fn slot_claims_race_without_sharing_or_splitting() {
         let mr = small_resource(1);
         let (a, b) = (StreamRef::simulated(1), StreamRef::simulated(2));
         let addr = |mr: &FixedSizeMemoryResource<HostMemoryResource>, s| {
-            mr.inner.slot_of(s).map(|x| x as *const _ as usize)
+            mr.inner.slot_of(s).map(|c| c.slot as *const _ as usize)
         };
         let mr2 = mr.clone();
         let t = thread::spawn(move || (addr(&mr2, b), addr(&mr2, a)));
