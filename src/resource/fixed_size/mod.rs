@@ -444,6 +444,8 @@ unsafe impl<R: MemoryResource> MemoryResource for FixedSizeMemoryResource<R> {
                     if inner.push_free(stream, c, index).is_ok() {
                         return Ok(());
                     }
+                    // The slot is changing stream: wait for the change, then look again.
+                    crate::sync::spin_loop();
                 }
                 None => {
                     // Parked until a device-wide synchronisation: this free waits for nothing.

@@ -38,7 +38,11 @@ impl<R: MemoryResource> Inner<R> {
                 match self.pop_own(c) {
                     Ok(Some(i)) => return Ok(self.counted(slot, i)),
                     Ok(None) => {}
-                    Err(Moved) => continue,
+                    // The slot is changing stream: wait for the change, then look again.
+                    Err(Moved) => {
+                        spin_loop();
+                        continue;
+                    }
                 }
             }
             if let Some(i) = self.ready.pop(self) {
