@@ -7,7 +7,10 @@
 //!   on its stream) and the tag is read back before some frees; a block reused before the
 //!   previous owner's queued work finished would show the wrong tag;
 //! - **zero lost blocks**: at the end every resource reports no live block, and after drop every
-//!   upstream (tracked) holds nothing and no teardown error was deferred.
+//!   upstream (tracked) holds nothing and no teardown error was deferred;
+//! - **bounded memory**: what each suballocator holds from its upstream stays within its stated
+//!   multiple of the peak of its live blocks (counted per size class, by the bytes each block
+//!   occupies) plus its granularity, checked at every report and at the end ([`Bound`]).
 //!
 //! Every `CARVE_SOAK_SECS / 20` seconds (1 to 30) it prints the bytes each resource holds from its
 //! upstream, so a resource that grows without bound shows while it runs.
@@ -22,7 +25,7 @@ mod common;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -75,6 +78,89 @@ struct Res {
     invariants: Box<dyn Fn() -> Result<(), String> + Send + Sync>,
     /// Bytes the resource holds from its upstream now (for plain resources: bytes live).
     reserved: Box<dyn Fn() -> usize + Send + Sync>,
+    /// The held-memory bound it promises (suballocators only).
+    bound: Option<Bound>,
+}
+
+/// A held-memory bound: the most a resource may hold from its upstream, given the peak bytes its
+/// live blocks occupied, per size class. A request is counted before it is made and uncounted
+/// after its free returns, so the peaks are never below what the resource had live.
+struct Bound {
+    /// The stated rule, for messages.
+    rule: &'static str,
+    /// A request's size class and the bytes its block occupies.
+    class_of: Box<dyn Fn(usize) -> (usize, usize) + Send + Sync>,
+    /// The most the resource may hold for these per-class peaks.
+    limit: Box<dyn Fn(&[usize]) -> usize + Send + Sync>,
+    live: Vec<AtomicUsize>,
+    peak: Vec<AtomicUsize>,
+    /// The first breach seen, reported at the end with every other resource's.
+    breach: Mutex<Option<String>>,
+}
+
+impl Bound {
+    fn new(
+        rule: &'static str,
+        classes: usize,
+        class_of: impl Fn(usize) -> (usize, usize) + Send + Sync + 'static,
+        limit: impl Fn(&[usize]) -> usize + Send + Sync + 'static,
+    ) -> Self {
+        Bound {
+            rule,
+            class_of: Box::new(class_of),
+            limit: Box::new(limit),
+            live: (0..classes).map(|_| AtomicUsize::new(0)).collect(),
+            peak: (0..classes).map(|_| AtomicUsize::new(0)).collect(),
+            breach: Mutex::new(None),
+        }
+    }
+
+    fn count(&self, bytes: usize) {
+        let (c, f) = (self.class_of)(bytes);
+        let now = self.live[c].fetch_add(f, Ordering::Relaxed) + f;
+        self.peak[c].fetch_max(now, Ordering::Relaxed);
+    }
+
+    fn uncount(&self, bytes: usize) {
+        let (c, f) = (self.class_of)(bytes);
+        self.live[c].fetch_sub(f, Ordering::Relaxed);
+    }
+
+    /// Checks `held` (read before this call, so the peaks cover it); keeps the first breach.
+    fn check(&self, name: &str, held: usize) {
+        let peaks: Vec<usize> = self
+            .peak
+            .iter()
+            .map(|p| p.load(Ordering::Relaxed))
+            .collect();
+        let limit = (self.limit)(&peaks);
+        let mib = |b: usize| b as f64 / (1 << 20) as f64;
+        let mut breach = self.breach.lock().unwrap();
+        if held > limit && breach.is_none() {
+            *breach = Some(format!(
+                "{name} held {:.1} MiB, above its bound {:.1} MiB ({}; peak live {:.1} MiB)",
+                mib(held),
+                mib(limit),
+                self.rule,
+                mib(peaks.iter().sum())
+            ));
+        }
+    }
+}
+
+fn round_256(bytes: usize) -> usize {
+    bytes.div_ceil(256) * 256
+}
+
+/// The bound of a fixed-size resource of `block`-byte blocks, `per` per refill (its module docs):
+/// `(2 × peak blocks + 2 × blocks per refill) × stride`, as bytes.
+fn fixed_size_limit(peak_bytes: usize, block: usize, per: usize) -> usize {
+    2 * peak_bytes + 2 * per * round_256(block)
+}
+
+/// Blocks per refill by default: about 4 MiB worth, 1 to 1024.
+fn default_per_refill(block: usize) -> usize {
+    ((4 << 20) / round_256(block)).clamp(1, 1024)
 }
 
 /// A live block.
@@ -221,7 +307,14 @@ impl Soak<'_> {
                     } else {
                         rng.random_range(1..=rs.max_bytes)
                     };
-                    match rs.mr.allocate(stream, bytes, 256) {
+                    if let Some(b) = &rs.bound {
+                        b.count(bytes);
+                    }
+                    let got = rs.mr.allocate(stream, bytes, 256);
+                    if let (Err(_), Some(b)) = (&got, &rs.bound) {
+                        b.uncount(bytes);
+                    }
+                    match got {
                         Ok(p) => {
                             tag_seed = tag_seed.wrapping_add(1).max(1);
                             let b = Live {
@@ -284,6 +377,9 @@ impl Soak<'_> {
         // ordered on `stream` (its own, or synchronised before the hand-off).
         unsafe { rs.mr.deallocate(stream, p, b.bytes, 256) }
             .unwrap_or_else(|e| panic!("{}: free of {b:?}: {e}", rs.name));
+        if let Some(bound) = &rs.bound {
+            bound.uncount(b.bytes);
+        }
         self.counters.frees.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -322,7 +418,13 @@ fn run_soak(
                 std::thread::sleep(period.min(left));
                 let held: Vec<String> = resources
                     .iter()
-                    .map(|r| format!("{} {:.0}", r.name, (r.reserved)() as f64 / (1 << 20) as f64))
+                    .map(|r| {
+                        let held = (r.reserved)();
+                        if let Some(b) = &r.bound {
+                            b.check(r.name, held);
+                        }
+                        format!("{} {:.0}", r.name, held as f64 / (1 << 20) as f64)
+                    })
                     .collect();
                 eprintln!(
                     "soak {:>4.0} s, MiB held: {}",
@@ -342,7 +444,19 @@ fn run_soak(
     for r in resources {
         (r.invariants)().unwrap_or_else(|e| panic!("{}: {e}", r.name));
         (r.idle)().unwrap_or_else(|e| panic!("{} lost blocks: {e}", r.name));
+        if let Some(b) = &r.bound {
+            b.check(r.name, (r.reserved)());
+        }
     }
+    let breaches: Vec<String> = resources
+        .iter()
+        .filter_map(|r| r.bound.as_ref()?.breach.lock().unwrap().clone())
+        .collect();
+    assert!(
+        breaches.is_empty(),
+        "held memory above the bound:\n{}",
+        breaches.join("\n")
+    );
     let c = &soak.counters;
     eprintln!(
         "soak: {:.0} s, {} threads, {} resources: {} allocations, {} frees, {} hand-offs, \
@@ -393,6 +507,12 @@ fn suballocators(
         }),
         invariants: Box::new(move || p2.check_invariants()),
         reserved,
+        bound: Some(Bound::new(
+            "2 × peak + the 8 MiB initial chunk",
+            1,
+            |n| (0, round_256(n)),
+            |p| 2 * p[0] + (8 << 20),
+        )),
     });
     let (up, reserved) = track();
     let fixed = FixedSizeMemoryResource::new(up, FixedSizeOptions::new(64 << 10)).unwrap();
@@ -409,6 +529,12 @@ fn suballocators(
         }),
         invariants: Box::new(|| Ok(())),
         reserved,
+        bound: Some(Bound::new(
+            "2 × peak blocks + 2 refills",
+            1,
+            |_| (0, 64 << 10),
+            |p| fixed_size_limit(p[0], 64 << 10, default_per_refill(64 << 10)),
+        )),
     });
     let (up, arena_reserved) = track();
     let arena = ArenaMemoryResource::new(
@@ -431,6 +557,12 @@ fn suballocators(
         }),
         invariants: Box::new(move || a2.check_invariants()),
         reserved: arena_reserved,
+        bound: Some(Bound::new(
+            "2 × peak + one 4 MiB superblock",
+            1,
+            |n| (0, round_256(n)),
+            |p| 2 * p[0] + (4 << 20),
+        )),
     });
     let (bins_up, bins_reserved) = track();
     let binning = BinningMemoryResource::new(bins_up, 8, 16).unwrap();
@@ -448,6 +580,28 @@ fn suballocators(
         }),
         invariants: Box::new(|| Ok(())),
         reserved: bins_reserved,
+        // Bins 2^8..=2^16 (classes 0..=8), each bounded as a fixed-size resource; larger
+        // requests (class 9) go to the upstream one by one.
+        bound: Some(Bound::new(
+            "per bin, 2 × peak blocks + 2 refills; larger requests as they are",
+            10,
+            |n| match n {
+                0..=65536 => {
+                    let e = n.next_power_of_two().trailing_zeros().max(8);
+                    ((e - 8) as usize, 1 << e)
+                }
+                _ => (9, n),
+            },
+            |p| {
+                let bins: usize = (0..9)
+                    .map(|c| {
+                        let size = 256usize << c;
+                        fixed_size_limit(p[c], size, default_per_refill(size))
+                    })
+                    .sum();
+                bins + p[9]
+            },
+        )),
     });
     (res, trackers)
 }
@@ -466,6 +620,7 @@ fn tracked_plain(name: &'static str, mr: SharedResource, access: Access, max: us
         }),
         invariants: Box::new(|| Ok(())),
         reserved: Box::new(move || t2.allocated_bytes()),
+        bound: None,
     }
 }
 
