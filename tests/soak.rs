@@ -21,14 +21,19 @@
 //! `CARVE_SOAK_SECS=600 .gpu/bin/soak-* --ignored --nocapture` (default 600 s; skips without a
 //! GPU unless `CARVE_REQUIRE_GPU=1`).
 
+#[path = "soak/blocks.rs"]
+mod blocks;
+#[path = "soak/bound.rs"]
+mod bound;
 mod common;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use blocks::{check_tag, tag, Access, Live, Registry};
 use carve::adaptor::TrackingResourceAdaptor;
 use carve::cudarc::driver::result;
 use carve::resource::{ArenaOptions, FixedSizeOptions, PoolOptions};
@@ -56,15 +61,6 @@ fn soak_threads() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(4, |n| n.get().clamp(4, 16)))
 }
 
-/// How a block's tag is written and read.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Access {
-    /// Host-accessible: written and read by the CPU.
-    Host,
-    /// Device memory: cuMemsetD8Async / cuMemcpyDtoHAsync on the block's stream.
-    Device,
-}
-
 /// One resource under soak.
 struct Res {
     name: &'static str,
@@ -79,136 +75,7 @@ struct Res {
     /// Bytes the resource holds from its upstream now (for plain resources: bytes live).
     reserved: Box<dyn Fn() -> usize + Send + Sync>,
     /// The held-memory bound it promises (suballocators only).
-    bound: Option<Bound>,
-}
-
-/// A held-memory bound: the most a resource may hold from its upstream, given the peak bytes its
-/// live blocks occupied, per size class. A request is counted before it is made and uncounted
-/// after its free returns, so the peaks are never below what the resource had live.
-struct Bound {
-    /// The stated rule, for messages.
-    rule: &'static str,
-    /// A request's size class and the bytes its block occupies.
-    class_of: Box<dyn Fn(usize) -> (usize, usize) + Send + Sync>,
-    /// The most the resource may hold for these per-class peaks.
-    limit: Box<dyn Fn(&[usize]) -> usize + Send + Sync>,
-    live: Vec<AtomicUsize>,
-    peak: Vec<AtomicUsize>,
-    /// The first breach seen, reported at the end with every other resource's.
-    breach: Mutex<Option<String>>,
-}
-
-impl Bound {
-    fn new(
-        rule: &'static str,
-        classes: usize,
-        class_of: impl Fn(usize) -> (usize, usize) + Send + Sync + 'static,
-        limit: impl Fn(&[usize]) -> usize + Send + Sync + 'static,
-    ) -> Self {
-        Bound {
-            rule,
-            class_of: Box::new(class_of),
-            limit: Box::new(limit),
-            live: (0..classes).map(|_| AtomicUsize::new(0)).collect(),
-            peak: (0..classes).map(|_| AtomicUsize::new(0)).collect(),
-            breach: Mutex::new(None),
-        }
-    }
-
-    fn count(&self, bytes: usize) {
-        let (c, f) = (self.class_of)(bytes);
-        let now = self.live[c].fetch_add(f, Ordering::Relaxed) + f;
-        self.peak[c].fetch_max(now, Ordering::Relaxed);
-    }
-
-    fn uncount(&self, bytes: usize) {
-        let (c, f) = (self.class_of)(bytes);
-        self.live[c].fetch_sub(f, Ordering::Relaxed);
-    }
-
-    /// Checks `held` (read before this call, so the peaks cover it); keeps the first breach.
-    fn check(&self, name: &str, held: usize) {
-        let peaks: Vec<usize> = self
-            .peak
-            .iter()
-            .map(|p| p.load(Ordering::Relaxed))
-            .collect();
-        let limit = (self.limit)(&peaks);
-        let mib = |b: usize| b as f64 / (1 << 20) as f64;
-        let mut breach = self.breach.lock().unwrap();
-        if held > limit && breach.is_none() {
-            *breach = Some(format!(
-                "{name} held {:.1} MiB, above its bound {:.1} MiB ({}; peak live {:.1} MiB)",
-                mib(held),
-                mib(limit),
-                self.rule,
-                mib(peaks.iter().sum())
-            ));
-        }
-    }
-}
-
-fn round_256(bytes: usize) -> usize {
-    bytes.div_ceil(256) * 256
-}
-
-/// The bound of a fixed-size resource of `block`-byte blocks, `per` per refill (its module docs):
-/// `(2 × peak blocks + 2 × blocks per refill) × stride`, as bytes.
-fn fixed_size_limit(peak_bytes: usize, block: usize, per: usize) -> usize {
-    2 * peak_bytes + 2 * per * round_256(block)
-}
-
-/// Blocks per refill by default: about 4 MiB worth, 1 to 1024.
-fn default_per_refill(block: usize) -> usize {
-    ((4 << 20) / round_256(block)).clamp(1, 1024)
-}
-
-/// A live block.
-#[derive(Clone, Copy, Debug)]
-struct Live {
-    addr: usize,
-    bytes: usize,
-    res: usize,
-    tag: u8,
-}
-
-/// Every live block of every resource, by start address: the "handed out twice" check.
-#[derive(Default)]
-struct Registry {
-    live: Mutex<BTreeMap<usize, (usize, usize)>>,
-}
-
-impl Registry {
-    fn claim(&self, b: &Live, names: &[&str]) {
-        let mut live = self.live.lock().unwrap();
-        if let Some((&a, &(n, r))) = live.range(..=b.addr).next_back() {
-            assert!(
-                a + n <= b.addr,
-                "{} handed out {:#x}+{} inside live {:#x}+{n} from {}",
-                names[b.res],
-                b.addr,
-                b.bytes,
-                a,
-                names[r]
-            );
-        }
-        if let Some((&a, &(_, r))) = live.range(b.addr..).next() {
-            assert!(
-                b.addr + b.bytes <= a,
-                "{} handed out {:#x}+{} overlapping live {a:#x} from {}",
-                names[b.res],
-                b.addr,
-                b.bytes,
-                names[r]
-            );
-        }
-        live.insert(b.addr, (b.bytes, b.res));
-    }
-
-    fn release(&self, b: &Live) {
-        let removed = self.live.lock().unwrap().remove(&b.addr);
-        assert_eq!(removed, Some((b.bytes, b.res)), "registry lost {b:?}");
-    }
+    bound: Option<bound::Bound>,
 }
 
 #[derive(Default)]
@@ -218,58 +85,6 @@ struct Counters {
     handoffs: AtomicU64,
     checks: AtomicU64,
     refused: AtomicU64,
-}
-
-/// Writes `b`'s tag (first and last 8 bytes), ordered on `stream` for device memory.
-fn tag(b: &Live, access: Access, stream: StreamRef<'_>) {
-    let n = b.bytes.min(8);
-    match access {
-        // SAFETY: the block is ours, `bytes` long and host-accessible.
-        Access::Host => unsafe {
-            let p = b.addr as *mut u8;
-            p.write_bytes(b.tag, n);
-            p.add(b.bytes - n).write_bytes(b.tag, n);
-        },
-        Access::Device => {
-            for at in [b.addr, b.addr + b.bytes - n] {
-                // SAFETY: [at, at + n) lies in a live device block of ours; ordered on its stream.
-                unsafe { result::memset_d8_async(at as u64, b.tag, n, stream.as_raw()) }.unwrap();
-            }
-        }
-    }
-}
-
-/// Reads `b`'s tag back (waiting for `stream`) and checks it.
-fn check_tag(b: &Live, access: Access, stream: StreamRef<'_>, name: &str) {
-    let n = b.bytes.min(8);
-    let mut got = [[0u8; 8]; 2];
-    for (i, at) in [b.addr, b.addr + b.bytes - n].into_iter().enumerate() {
-        match access {
-            // SAFETY: as in `tag`.
-            Access::Host => unsafe {
-                std::ptr::copy_nonoverlapping(at as *const u8, got[i].as_mut_ptr(), n)
-            },
-            Access::Device => {
-                // SAFETY: reads n bytes of a live device block into `got`, waited for below.
-                unsafe { result::memcpy_dtoh_async(&mut got[i][..n], at as u64, stream.as_raw()) }
-                    .unwrap();
-            }
-        }
-    }
-    if access == Access::Device {
-        // SAFETY: a stream handle that outlives this call (owned by the calling worker).
-        unsafe { result::stream::synchronize(stream.as_raw()) }.unwrap();
-    }
-    for g in got {
-        assert!(
-            g[..n].iter().all(|&x| x == b.tag),
-            "{name}: block {:#x}+{} lost its tag {:#x}: {:?}",
-            b.addr,
-            b.bytes,
-            b.tag,
-            &g[..n]
-        );
-    }
 }
 
 /// Blocks one worker holds at most (bounds memory: about 0.3 MiB a block on average).
@@ -507,12 +322,7 @@ fn suballocators(
         }),
         invariants: Box::new(move || p2.check_invariants()),
         reserved,
-        bound: Some(Bound::new(
-            "2 × peak + the 8 MiB initial chunk",
-            1,
-            |n| (0, round_256(n)),
-            |p| 2 * p[0] + (8 << 20),
-        )),
+        bound: Some(bound::pool(8 << 20)),
     });
     let (up, reserved) = track();
     let fixed = FixedSizeMemoryResource::new(up, FixedSizeOptions::new(64 << 10)).unwrap();
@@ -529,12 +339,7 @@ fn suballocators(
         }),
         invariants: Box::new(|| Ok(())),
         reserved,
-        bound: Some(Bound::new(
-            "2 × peak blocks + 2 refills",
-            1,
-            |_| (0, 64 << 10),
-            |p| fixed_size_limit(p[0], 64 << 10, default_per_refill(64 << 10)),
-        )),
+        bound: Some(bound::fixed_size(64 << 10)),
     });
     let (up, arena_reserved) = track();
     let arena = ArenaMemoryResource::new(
@@ -557,12 +362,7 @@ fn suballocators(
         }),
         invariants: Box::new(move || a2.check_invariants()),
         reserved: arena_reserved,
-        bound: Some(Bound::new(
-            "2 × peak + one 4 MiB superblock",
-            1,
-            |n| (0, round_256(n)),
-            |p| 2 * p[0] + (4 << 20),
-        )),
+        bound: Some(bound::arena(4 << 20)),
     });
     let (bins_up, bins_reserved) = track();
     let binning = BinningMemoryResource::new(bins_up, 8, 16).unwrap();
@@ -580,28 +380,7 @@ fn suballocators(
         }),
         invariants: Box::new(|| Ok(())),
         reserved: bins_reserved,
-        // Bins 2^8..=2^16 (classes 0..=8), each bounded as a fixed-size resource; larger
-        // requests (class 9) go to the upstream one by one.
-        bound: Some(Bound::new(
-            "per bin, 2 × peak blocks + 2 refills; larger requests as they are",
-            10,
-            |n| match n {
-                0..=65536 => {
-                    let e = n.next_power_of_two().trailing_zeros().max(8);
-                    ((e - 8) as usize, 1 << e)
-                }
-                _ => (9, n),
-            },
-            |p| {
-                let bins: usize = (0..9)
-                    .map(|c| {
-                        let size = 256usize << c;
-                        fixed_size_limit(p[c], size, default_per_refill(size))
-                    })
-                    .sum();
-                bins + p[9]
-            },
-        )),
+        bound: Some(bound::binning(8, 16)),
     });
     (res, trackers)
 }
