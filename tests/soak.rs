@@ -7,7 +7,10 @@
 //!   on its stream) and the tag is read back before some frees; a block reused before the
 //!   previous owner's queued work finished would show the wrong tag;
 //! - **zero lost blocks**: at the end every resource reports no live block, and after drop every
-//!   upstream (tracked) holds nothing and no teardown error was deferred.
+//!   upstream (tracked) holds nothing and no teardown error was deferred;
+//! - **bounded memory**: what each suballocator holds from its upstream stays within its stated
+//!   multiple of the peak of its live blocks (counted per size class, by the bytes each block
+//!   occupies) plus its granularity, checked at every report and at the end ([`Bound`]).
 //!
 //! Every `CARVE_SOAK_SECS / 20` seconds (1 to 30) it prints the bytes each resource holds from its
 //! upstream, so a resource that grows without bound shows while it runs.
@@ -18,14 +21,19 @@
 //! `CARVE_SOAK_SECS=600 .gpu/bin/soak-* --ignored --nocapture` (default 600 s; skips without a
 //! GPU unless `CARVE_REQUIRE_GPU=1`).
 
+#[path = "soak/blocks.rs"]
+mod blocks;
+#[path = "soak/bound.rs"]
+mod bound;
 mod common;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use blocks::{check_tag, tag, Access, Live, Registry};
 use carve::adaptor::TrackingResourceAdaptor;
 use carve::cudarc::driver::result;
 use carve::resource::{ArenaOptions, FixedSizeOptions, PoolOptions};
@@ -53,15 +61,6 @@ fn soak_threads() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(4, |n| n.get().clamp(4, 16)))
 }
 
-/// How a block's tag is written and read.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Access {
-    /// Host-accessible: written and read by the CPU.
-    Host,
-    /// Device memory: cuMemsetD8Async / cuMemcpyDtoHAsync on the block's stream.
-    Device,
-}
-
 /// One resource under soak.
 struct Res {
     name: &'static str,
@@ -75,54 +74,8 @@ struct Res {
     invariants: Box<dyn Fn() -> Result<(), String> + Send + Sync>,
     /// Bytes the resource holds from its upstream now (for plain resources: bytes live).
     reserved: Box<dyn Fn() -> usize + Send + Sync>,
-}
-
-/// A live block.
-#[derive(Clone, Copy, Debug)]
-struct Live {
-    addr: usize,
-    bytes: usize,
-    res: usize,
-    tag: u8,
-}
-
-/// Every live block of every resource, by start address: the "handed out twice" check.
-#[derive(Default)]
-struct Registry {
-    live: Mutex<BTreeMap<usize, (usize, usize)>>,
-}
-
-impl Registry {
-    fn claim(&self, b: &Live, names: &[&str]) {
-        let mut live = self.live.lock().unwrap();
-        if let Some((&a, &(n, r))) = live.range(..=b.addr).next_back() {
-            assert!(
-                a + n <= b.addr,
-                "{} handed out {:#x}+{} inside live {:#x}+{n} from {}",
-                names[b.res],
-                b.addr,
-                b.bytes,
-                a,
-                names[r]
-            );
-        }
-        if let Some((&a, &(_, r))) = live.range(b.addr..).next() {
-            assert!(
-                b.addr + b.bytes <= a,
-                "{} handed out {:#x}+{} overlapping live {a:#x} from {}",
-                names[b.res],
-                b.addr,
-                b.bytes,
-                names[r]
-            );
-        }
-        live.insert(b.addr, (b.bytes, b.res));
-    }
-
-    fn release(&self, b: &Live) {
-        let removed = self.live.lock().unwrap().remove(&b.addr);
-        assert_eq!(removed, Some((b.bytes, b.res)), "registry lost {b:?}");
-    }
+    /// The held-memory bound it promises (suballocators only).
+    bound: Option<bound::Bound>,
 }
 
 #[derive(Default)]
@@ -132,58 +85,6 @@ struct Counters {
     handoffs: AtomicU64,
     checks: AtomicU64,
     refused: AtomicU64,
-}
-
-/// Writes `b`'s tag (first and last 8 bytes), ordered on `stream` for device memory.
-fn tag(b: &Live, access: Access, stream: StreamRef<'_>) {
-    let n = b.bytes.min(8);
-    match access {
-        // SAFETY: the block is ours, `bytes` long and host-accessible.
-        Access::Host => unsafe {
-            let p = b.addr as *mut u8;
-            p.write_bytes(b.tag, n);
-            p.add(b.bytes - n).write_bytes(b.tag, n);
-        },
-        Access::Device => {
-            for at in [b.addr, b.addr + b.bytes - n] {
-                // SAFETY: [at, at + n) lies in a live device block of ours; ordered on its stream.
-                unsafe { result::memset_d8_async(at as u64, b.tag, n, stream.as_raw()) }.unwrap();
-            }
-        }
-    }
-}
-
-/// Reads `b`'s tag back (waiting for `stream`) and checks it.
-fn check_tag(b: &Live, access: Access, stream: StreamRef<'_>, name: &str) {
-    let n = b.bytes.min(8);
-    let mut got = [[0u8; 8]; 2];
-    for (i, at) in [b.addr, b.addr + b.bytes - n].into_iter().enumerate() {
-        match access {
-            // SAFETY: as in `tag`.
-            Access::Host => unsafe {
-                std::ptr::copy_nonoverlapping(at as *const u8, got[i].as_mut_ptr(), n)
-            },
-            Access::Device => {
-                // SAFETY: reads n bytes of a live device block into `got`, waited for below.
-                unsafe { result::memcpy_dtoh_async(&mut got[i][..n], at as u64, stream.as_raw()) }
-                    .unwrap();
-            }
-        }
-    }
-    if access == Access::Device {
-        // SAFETY: a stream handle that outlives this call (owned by the calling worker).
-        unsafe { result::stream::synchronize(stream.as_raw()) }.unwrap();
-    }
-    for g in got {
-        assert!(
-            g[..n].iter().all(|&x| x == b.tag),
-            "{name}: block {:#x}+{} lost its tag {:#x}: {:?}",
-            b.addr,
-            b.bytes,
-            b.tag,
-            &g[..n]
-        );
-    }
 }
 
 /// Blocks one worker holds at most (bounds memory: about 0.3 MiB a block on average).
@@ -221,7 +122,14 @@ impl Soak<'_> {
                     } else {
                         rng.random_range(1..=rs.max_bytes)
                     };
-                    match rs.mr.allocate(stream, bytes, 256) {
+                    if let Some(b) = &rs.bound {
+                        b.count(bytes);
+                    }
+                    let got = rs.mr.allocate(stream, bytes, 256);
+                    if let (Err(_), Some(b)) = (&got, &rs.bound) {
+                        b.uncount(bytes);
+                    }
+                    match got {
                         Ok(p) => {
                             tag_seed = tag_seed.wrapping_add(1).max(1);
                             let b = Live {
@@ -284,6 +192,9 @@ impl Soak<'_> {
         // ordered on `stream` (its own, or synchronised before the hand-off).
         unsafe { rs.mr.deallocate(stream, p, b.bytes, 256) }
             .unwrap_or_else(|e| panic!("{}: free of {b:?}: {e}", rs.name));
+        if let Some(bound) = &rs.bound {
+            bound.uncount(b.bytes);
+        }
         self.counters.frees.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -322,7 +233,13 @@ fn run_soak(
                 std::thread::sleep(period.min(left));
                 let held: Vec<String> = resources
                     .iter()
-                    .map(|r| format!("{} {:.0}", r.name, (r.reserved)() as f64 / (1 << 20) as f64))
+                    .map(|r| {
+                        let held = (r.reserved)();
+                        if let Some(b) = &r.bound {
+                            b.check(r.name, held);
+                        }
+                        format!("{} {:.0}", r.name, held as f64 / (1 << 20) as f64)
+                    })
                     .collect();
                 eprintln!(
                     "soak {:>4.0} s, MiB held: {}",
@@ -342,7 +259,19 @@ fn run_soak(
     for r in resources {
         (r.invariants)().unwrap_or_else(|e| panic!("{}: {e}", r.name));
         (r.idle)().unwrap_or_else(|e| panic!("{} lost blocks: {e}", r.name));
+        if let Some(b) = &r.bound {
+            b.check(r.name, (r.reserved)());
+        }
     }
+    let breaches: Vec<String> = resources
+        .iter()
+        .filter_map(|r| r.bound.as_ref()?.breach.lock().unwrap().clone())
+        .collect();
+    assert!(
+        breaches.is_empty(),
+        "held memory above the bound:\n{}",
+        breaches.join("\n")
+    );
     let c = &soak.counters;
     eprintln!(
         "soak: {:.0} s, {} threads, {} resources: {} allocations, {} frees, {} hand-offs, \
@@ -393,6 +322,7 @@ fn suballocators(
         }),
         invariants: Box::new(move || p2.check_invariants()),
         reserved,
+        bound: Some(bound::pool(8 << 20)),
     });
     let (up, reserved) = track();
     let fixed = FixedSizeMemoryResource::new(up, FixedSizeOptions::new(64 << 10)).unwrap();
@@ -409,6 +339,7 @@ fn suballocators(
         }),
         invariants: Box::new(|| Ok(())),
         reserved,
+        bound: Some(bound::fixed_size(64 << 10)),
     });
     let (up, arena_reserved) = track();
     let arena = ArenaMemoryResource::new(
@@ -431,6 +362,7 @@ fn suballocators(
         }),
         invariants: Box::new(move || a2.check_invariants()),
         reserved: arena_reserved,
+        bound: Some(bound::arena(4 << 20)),
     });
     let (bins_up, bins_reserved) = track();
     let binning = BinningMemoryResource::new(bins_up, 8, 16).unwrap();
@@ -448,6 +380,7 @@ fn suballocators(
         }),
         invariants: Box::new(|| Ok(())),
         reserved: bins_reserved,
+        bound: Some(bound::binning(8, 16)),
     });
     (res, trackers)
 }
@@ -466,6 +399,7 @@ fn tracked_plain(name: &'static str, mr: SharedResource, access: Access, max: us
         }),
         invariants: Box::new(|| Ok(())),
         reserved: Box::new(move || t2.allocated_bytes()),
+        bound: None,
     }
 }
 

@@ -2,6 +2,11 @@
 //! a [`FixedSizeMemoryResource`] over the shared upstream); larger requests go to a configurable
 //! upstream, by default ([`BinningMemoryResource::over_pool`]) a coalescing pool that the bins
 //! refill from too.
+//!
+//! **Bounded memory.** Each fixed-size bin keeps its bound whichever streams free what (see
+//! [`FixedSizeMemoryResource`]): the bins hold at most the sum, over bins, of
+//! `(2 × peak blocks + 2 × blocks per refill) × bin size` from their upstream; larger requests
+//! hold what the large upstream gives them.
 
 use std::fmt;
 use std::ptr::NonNull;

@@ -184,7 +184,7 @@ fn slot_claims_race_without_sharing_or_splitting() {
         let mr = small_resource(1);
         let (a, b) = (StreamRef::simulated(1), StreamRef::simulated(2));
         let addr = |mr: &FixedSizeMemoryResource<HostMemoryResource>, s| {
-            mr.inner.slot_of(s).map(|x| x as *const _ as usize)
+            mr.inner.slot_of(s).map(|c| c.slot as *const _ as usize)
         };
         let mr2 = mr.clone();
         let t = thread::spawn(move || (addr(&mr2, b), addr(&mr2, a)));
@@ -194,5 +194,59 @@ fn slot_claims_race_without_sharing_or_splitting() {
         assert_eq!((a1, b1), (a2, b2));
         assert_ne!(a1, b1);
         assert_eq!(addr(&mr, StreamRef::simulated(3)), None);
+    });
+}
+
+/// Both slots are claimed and empty, and no refill is left; one thread frees a block on `a`
+/// while a third stream `c` allocates and so takes over a slot, maybe `a`'s. The free lands in
+/// `a`'s slot before the take-over, or sees the new owner and goes elsewhere: `c` gets `a`'s
+/// block only after an ordering call (or finds none yet), nothing is lost, nothing is handed
+/// out twice.
+#[test]
+fn slot_take_over_races_a_free_on_the_old_stream() {
+    use crate::resource::{CheckedOrder, OrderFaults};
+    // The allocation runs the whole slow path: bound preemptions to keep the model finite.
+    let mut builder = loom::model::Builder::new();
+    builder.max_branches = 100_000;
+    builder.preemption_bound = Some(3);
+    builder.check(|| {
+        let order = CheckedOrder::new(OrderFaults::default());
+        // One slab (a second one's place in the slab lookup would depend on the system
+        // allocator): `a` takes one block, `b` the other after one device-wide sync.
+        let opts = FixedSizeOptions::new(256)
+            .blocks_per_refill(2)
+            .max_refills(1)
+            .order(order.clone());
+        let mr = FixedSizeMemoryResource::new(HostMemoryResource::new(), opts).unwrap();
+        let checked = Arc::new(order.check(mr.clone()));
+        let (a, b, c) = (
+            StreamRef::simulated(1),
+            StreamRef::simulated(2),
+            StreamRef::simulated(3),
+        );
+        let p = checked.allocate(a, 256, 256).unwrap();
+        let q = checked.allocate(b, 256, 256).unwrap();
+        let p_addr = p.as_ptr() as usize;
+        let freer = checked.clone();
+        let t = thread::spawn(move || {
+            let p = NonNull::new(p_addr as *mut u8).unwrap();
+            // SAFETY: allocated above on `a`, freed once.
+            unsafe { freer.deallocate(a, p, 256, 256) }.unwrap();
+        });
+        let r = checked.allocate(c, 256, 256);
+        t.join().unwrap();
+        assert_eq!(order.violations(), Vec::<String>::new());
+        match r {
+            Ok(r) => {
+                assert_eq!(r.as_ptr() as usize, p_addr);
+                assert_eq!(mr.stats().blocks_in_use, 2);
+            }
+            Err(e) => {
+                assert!(e.is_out_of_memory(), "{e}");
+                assert_eq!(mr.stats().blocks_in_use, 1);
+            }
+        }
+        mr.check_invariants().unwrap();
+        let _ = q;
     });
 }

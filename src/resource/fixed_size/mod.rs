@@ -1,21 +1,42 @@
 //! [`FixedSizeMemoryResource`]: blocks of one size, carved from slabs the upstream supplies,
 //! kept on lock-free Treiber stacks ([`stack`]).
 //!
-//! Each stream gets its own stacks (one of a fixed set of slots), so a block freed on stream A
-//! is reused on A at once and no free records an event. Frees go to A's *fresh* stack; while
-//! some stream runs short, every [`MARK_EVERY`] frees A is marked and its fresh blocks move to
-//! its *sealed* stack. A stream whose stacks run dry refills from the upstream (under a lock
-//! that only refills take), so streams on different threads never share blocks while memory
-//! lasts; once refills fail, it takes another stream's whole sealed stack (one wait on that
-//! stream's last mark), then, after one device-wide synchronisation, the other streams' fresh
-//! blocks. No
-//! stream but the caller's is ever named to the driver, so streams may die while blocks freed on
-//! them sit here. All bookkeeping (links, live bits, slab table) is host memory, never the
-//! blocks themselves.
+//! **Streams.** Each stream gets its own stacks (one of a fixed set of slots), so a block freed
+//! on stream A is reused on A at once and no free records an event. Frees go to A's *fresh*
+//! stack; while some stream runs short, every [`MARK_EVERY`](super::MARK_EVERY) frees A is
+//! marked and its fresh blocks move to its *sealed* stack. A stream whose stacks run dry takes,
+//! under a lock that only this slow path takes: the shared ready stack; else another stream's
+//! whole sealed stack (one wait on that stream's last mark); else, if the blocks free elsewhere
+//! number at least the blocks in use and at least one refill, all of them after one
+//! device-wide synchronisation; else a new slab from the upstream; and once refills fail,
+//! whatever is free, after that synchronisation. No stream but the caller's is ever named to
+//! the driver, so streams may die while blocks freed on them sit here.
+//!
+//! **Bounded memory.** A slab is taken only while fewer than `max(in use, blocks per refill)`
+//! blocks are free, so, whichever streams free what, the bytes held from the upstream never
+//! exceed `(2 × peak + 2 × blocks_per_refill) × stride`, where `peak` is the most blocks ever
+//! allocated at once (counting allocations in progress) and `stride` the block size rounded up
+//! to 256 bytes.
+//!
+//! **Slots.** Once every slot is claimed, a stream without one takes over the slot of a stream
+//! whose stacks hold no block (closing them while the slot changes stream, so that an operation
+//! still under way for the old stream touches nothing). A free on a stream that finds no slot
+//! is *parked*: it reaches any stream after the next device-wide synchronisation, so no free
+//! ever waits for the device.
+//!
+//! **Failures.** An ordering call that fails or panics leaves the blocks it concerned where
+//! they were (or parked), never handed to another stream. An `allocate` that fails or unwinds
+//! hands out nothing; a `deallocate` that returns an error did not free the block, and one that
+//! unwinds (from a panicking mark in the seal that follows a free) did. If the device cannot
+//! be waited for at teardown, the slabs are leaked and the error is deferred
+//! ([`take_deferred_error`](crate::take_deferred_error)). All bookkeeping (links, live bits,
+//! slab table, counters) is host memory, never the blocks themselves.
 
 mod lookup;
 #[cfg(all(test, carve_loom))]
 mod loom_tests;
+mod reclaim;
+mod slots;
 mod stack;
 #[cfg(all(test, not(carve_loom)))]
 mod tests;
@@ -24,15 +45,16 @@ use std::fmt;
 use std::ptr::NonNull;
 
 use self::lookup::SlabLookup;
-use self::stack::{chain_tail, Links, TaggedStack, NIL};
+use self::slots::Slot;
+use self::stack::{Links, TaggedStack, NIL};
 use super::stream_order::default_order;
 use super::{align_up, check_request, MemoryResource, Properties, StreamOrder, DEFAULT_ALIGNMENT};
 use crate::error::{Error, Result};
-use crate::stream::{StreamId, StreamRef};
+use crate::stream::StreamRef;
 use crate::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::sync::{spin_loop, Mutex};
+use crate::sync::Mutex;
 
 const NAME: &str = "FixedSizeMemoryResource";
 const GRAIN: usize = DEFAULT_ALIGNMENT;
@@ -126,20 +148,6 @@ impl<R: MemoryResource> Clone for FixedSizeMemoryResource<R> {
     }
 }
 
-/// One stream's stacks, on their own cache lines so streams on different threads do not share.
-/// (The slot's stream key lives apart, in `Inner::keys`, so that finding a slot reads only
-/// lines nobody writes once streams have their slots.)
-#[repr(align(128))]
-struct Slot {
-    /// Freed since the stream's last mark.
-    fresh: TaggedStack,
-    /// Covered by the stream's last mark.
-    sealed: TaggedStack,
-    frees: AtomicU32,
-    /// `Inner::demand` at the stream's last mark.
-    demand_seen: AtomicUsize,
-}
-
 struct Slab {
     base: usize,
     next: Box<[AtomicU32]>,
@@ -153,11 +161,18 @@ struct Inner<R: MemoryResource> {
     per_slab: u32,
     max_slabs: usize,
     order: Arc<dyn StreamOrder>,
-    /// Per slot: `StreamRef::id() + 1`, or 0 while unclaimed. Written once per slot.
+    /// Per slot: `StreamRef::id() + 1`, or 0 while unclaimed. Changed from one stream to
+    /// another only under the refill lock, while the slot's stacks are closed.
     keys: Box<[AtomicUsize]>,
     slots: Box<[Slot]>,
-    /// Blocks whose frees are known complete (from streams without a slot).
+    /// Blocks whose frees are known complete: free to any stream.
     ready: TaggedStack,
+    /// Blocks freed on streams without a slot: free to any stream after a device-wide
+    /// synchronisation.
+    parked: TaggedStack,
+    /// Allocations and frees counted on no slot.
+    loose_allocs: AtomicUsize,
+    loose_frees: AtomicUsize,
     /// Bumped whenever a stream runs dry: marks are worth their driver call only then.
     demand: AtomicUsize,
     /// Bumped as each seal starts and ends (odd while blocks are on no stack). Concurrent
@@ -168,6 +183,27 @@ struct Inner<R: MemoryResource> {
     slab_count: AtomicUsize,
     lookup: SlabLookup,
     refill: Mutex<()>,
+}
+
+/// Runs its closure when dropped unless disarmed: puts blocks back when a `StreamOrder` call
+/// fails (an early return) or panics (unwinding).
+struct Undo<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Undo<F> {
+    fn new(f: F) -> Self {
+        Undo(Some(f))
+    }
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl<F: FnOnce()> Drop for Undo<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
 }
 
 impl<R: MemoryResource> Links for Inner<R> {
@@ -188,35 +224,6 @@ impl<R: MemoryResource> Inner<R> {
         unsafe { &*(std::ptr::with_exposed_provenance::<Slab>(raw)) }
     }
 
-    /// The stream's slot, claimed on first use: open addressing from a hash of the stream, so
-    /// finding it costs about one probe however many streams there are. Keys are never cleared,
-    /// so a probe that meets an unclaimed slot knows the stream has none before it.
-    fn slot_of(&self, stream: StreamRef<'_>) -> Option<&Slot> {
-        let key = stream.id().get().wrapping_add(1);
-        let n = self.keys.len();
-        let start = ((key as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % n;
-        for i in (start..n).chain(0..start) {
-            let k = &self.keys[i];
-            let now = match k.load(Ordering::Acquire) {
-                0 => match k.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => return Some(&self.slots[i]),
-                    Err(now) => now,
-                },
-                now => now,
-            };
-            if now == key {
-                return Some(&self.slots[i]);
-            }
-        }
-        None
-    }
-
-    /// The stream a claimed slot belongs to.
-    fn stream_of(&self, slot: usize) -> StreamId {
-        let key = self.keys[slot].load(Ordering::Acquire);
-        StreamId::from_usize(key.wrapping_sub(1))
-    }
-
     fn address(&self, index: u32) -> usize {
         self.slab(index / self.per_slab).base + (index % self.per_slab) as usize * self.stride
     }
@@ -226,156 +233,6 @@ impl<R: MemoryResource> Inner<R> {
         let i = (index % self.per_slab) as usize;
         let old = slab.live[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
         debug_assert!(old & (1 << (i % 64)) == 0, "block {index} handed out twice");
-    }
-
-    /// A free block for `stream`, ordered after any other stream it came from.
-    fn pop_for(&self, stream: StreamRef<'_>) -> Result<u32> {
-        let slot = self.slot_of(stream);
-        loop {
-            let epoch = self.seal_epoch.load(Ordering::Acquire);
-            if let Some(s) = slot {
-                if let Some(i) = s.fresh.pop(self).or_else(|| s.sealed.pop(self)) {
-                    return Ok(i);
-                }
-            }
-            if let Some(i) = self.ready.pop(self) {
-                return Ok(i);
-            }
-            let short = match self.refill(stream, slot) {
-                Err(e) if e.is_out_of_memory() => e,
-                done => return done,
-            };
-            self.demand.fetch_add(1, Ordering::Relaxed);
-            if let Some(mine) = slot {
-                if let Some(i) = self.steal(stream, mine)? {
-                    return Ok(i);
-                }
-            }
-            if let Some(i) = self.gather_fresh(slot)? {
-                return Ok(i);
-            }
-            // Blocks being sealed are on no stack for a moment, and a seal that ran during the
-            // scan may have moved blocks behind it: look again before giving up.
-            let now = self.seal_epoch.load(Ordering::Acquire);
-            if now == epoch && now % 2 == 0 {
-                return Err(short);
-            }
-            spin_loop();
-        }
-    }
-
-    /// Takes another stream's whole sealed stack: detach first, then wait on that stream's last
-    /// mark, which was recorded after every block in the chain was sealed.
-    fn steal(&self, stream: StreamRef<'_>, mine: &Slot) -> Result<Option<u32>> {
-        for (i, other) in self.slots.iter().enumerate() {
-            if std::ptr::eq(other, mine) || other.sealed.is_empty() {
-                continue;
-            }
-            let Some(first) = other.sealed.take_all() else {
-                continue;
-            };
-            if let Err(e) = self.order.wait_for_mark(stream, self.stream_of(i)) {
-                other
-                    .sealed
-                    .push_chain(self, first, chain_tail(self, first));
-                return Err(e);
-            }
-            let rest = self.next(first).load(Ordering::Relaxed);
-            if rest != NIL {
-                mine.fresh.push_chain(self, rest, chain_tail(self, rest));
-            }
-            return Ok(Some(first));
-        }
-        Ok(None)
-    }
-
-    /// Once refills fail: detaches every other stream's fresh blocks, waits for all device
-    /// work, and makes them free to any stream.
-    fn gather_fresh(&self, mine: Option<&Slot>) -> Result<Option<u32>> {
-        let others = || {
-            self.slots
-                .iter()
-                .filter(move |s| !mine.is_some_and(|m| std::ptr::eq(*s, m)))
-        };
-        if others().all(|s| s.fresh.is_empty()) {
-            return Ok(None);
-        }
-        let chains: Vec<u32> = others().filter_map(|s| s.fresh.take_all()).collect();
-        let synced = self.order.synchronize_all();
-        for &first in &chains {
-            self.ready.push_chain(self, first, chain_tail(self, first));
-        }
-        synced?;
-        Ok(self.ready.pop(self))
-    }
-
-    /// Records a free on `slot`; every `FREES_PER_MARK` frees, marks the stream and seals its
-    /// fresh blocks (detached before the mark, so the mark covers them all).
-    fn push_free(&self, stream: StreamRef<'_>, slot: &Slot, index: u32) {
-        slot.fresh.push(self, index);
-        let n = slot.frees.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
-        if n % FREES_PER_MARK != 0 {
-            return;
-        }
-        let demand = self.demand.load(Ordering::Relaxed);
-        if slot.demand_seen.swap(demand, Ordering::Relaxed) == demand {
-            return;
-        }
-        self.seal_epoch.fetch_add(1, Ordering::AcqRel);
-        if let Some(first) = slot.fresh.take_all() {
-            let last = chain_tail(self, first);
-            // A failed mark leaves the blocks fresh (reachable after a synchronisation).
-            match self.order.mark(stream) {
-                Ok(()) => slot.sealed.push_chain(self, first, last),
-                Err(_) => slot.fresh.push_chain(self, first, last),
-            }
-        }
-        self.seal_epoch.fetch_add(1, Ordering::AcqRel);
-    }
-
-    fn refill(&self, stream: StreamRef<'_>, slot: Option<&Slot>) -> Result<u32> {
-        let _guard = self.refill.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = slot.and_then(|s| s.fresh.pop(self)) {
-            return Ok(i);
-        }
-        if let Some(i) = self.ready.pop(self) {
-            return Ok(i);
-        }
-        let n = self.slab_count.load(Ordering::Relaxed);
-        let span = self.per_slab as usize * self.stride;
-        if n >= self.max_slabs {
-            return Err(self.oom(format!("all {} refills are spent", self.max_slabs)));
-        }
-        let base = match self.upstream.allocate(stream, span, GRAIN) {
-            Ok(p) => p.as_ptr() as usize,
-            Err(e) if e.is_out_of_memory() => {
-                return Err(self.oom(format!("the upstream could not supply {span} bytes: {e}")))
-            }
-            Err(e) => return Err(e),
-        };
-        let first = n as u32 * self.per_slab;
-        let per = self.per_slab;
-        let slab = Box::new(Slab {
-            base,
-            next: (0..per)
-                .map(|i| AtomicU32::new(if i + 1 < per { first + i + 1 } else { NIL }))
-                .collect(),
-            live: (0..per.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
-        });
-        self.slabs[n].store(Box::into_raw(slab).expose_provenance(), Ordering::Release);
-        self.slab_count.store(n + 1, Ordering::Release);
-        self.lookup.insert(base, n as u32);
-        if per > 1 {
-            let (head, last) = (first + 1, first + per - 1);
-            match slot {
-                Some(s) => s.fresh.push_chain(self, head, last),
-                None => {
-                    self.order.synchronize(stream)?;
-                    self.ready.push_chain(self, head, last);
-                }
-            }
-        }
-        Ok(first)
     }
 
     fn oom(&self, why: String) -> Error {
@@ -434,15 +291,11 @@ impl<R: MemoryResource> FixedSizeMemoryResource<R> {
                 max_slabs,
                 order,
                 keys: (0..STREAM_SLOTS).map(|_| AtomicUsize::new(0)).collect(),
-                slots: (0..STREAM_SLOTS)
-                    .map(|_| Slot {
-                        fresh: TaggedStack::new(),
-                        sealed: TaggedStack::new(),
-                        frees: AtomicU32::new(0),
-                        demand_seen: AtomicUsize::new(0),
-                    })
-                    .collect(),
+                slots: (0..STREAM_SLOTS).map(|_| Slot::new()).collect(),
                 ready: TaggedStack::new(),
+                parked: TaggedStack::new(),
+                loose_allocs: AtomicUsize::new(0),
+                loose_frees: AtomicUsize::new(0),
                 demand: AtomicUsize::new(0),
                 seal_epoch: AtomicUsize::new(0),
                 slabs: (0..max_slabs).map(|_| AtomicUsize::new(0)).collect(),
@@ -492,7 +345,7 @@ impl<R: MemoryResource> FixedSizeMemoryResource<R> {
             .slots
             .iter()
             .flat_map(|s| [&s.fresh, &s.sealed])
-            .chain([&inner.ready]);
+            .chain([&inner.ready, &inner.parked]);
         for stack in stacks {
             for i in stack.snapshot(inner, total) {
                 let Some(flag) = seen.get_mut(i as usize) else {
@@ -582,17 +435,26 @@ unsafe impl<R: MemoryResource> MemoryResource for FixedSizeMemoryResource<R> {
             });
         }
         let index = n * inner.per_slab + b as u32;
-        match inner.slot_of(stream) {
-            Some(slot) => inner.push_free(stream, slot, index),
-            None => {
-                if let Err(e) = inner.order.synchronize(stream) {
-                    slab.live[b / 64].fetch_or(bit, Ordering::Relaxed);
-                    return Err(e);
+        loop {
+            match inner
+                .slot_of(stream)
+                .or_else(|| inner.try_take_over_slot(stream))
+            {
+                Some(c) => {
+                    if inner.push_free(stream, c, index).is_ok() {
+                        return Ok(());
+                    }
+                    // The slot is changing stream: wait for the change, then look again.
+                    crate::sync::spin_loop();
                 }
-                inner.ready.push(inner, index);
+                None => {
+                    // Parked until a device-wide synchronisation: this free waits for nothing.
+                    inner.loose_frees.fetch_add(1, Ordering::Relaxed);
+                    inner.parked.push(inner, index);
+                    return Ok(());
+                }
             }
         }
-        Ok(())
     }
 
     fn properties(&self) -> Properties {
@@ -605,16 +467,22 @@ unsafe impl<R: MemoryResource> MemoryResource for FixedSizeMemoryResource<R> {
 
 impl<R: MemoryResource> Drop for Inner<R> {
     fn drop(&mut self) {
-        // Queued work on any stream may still use blocks; the upstream may reuse slabs at once.
+        // Queued work on any stream may still use blocks, and the upstream may reuse slabs at
+        // once: if the device cannot be waited for, the slabs are leaked, not returned.
+        let synced = self.order.synchronize_all();
+        let leak = synced.is_err();
         crate::deferred::record(
-            "FixedSizeMemoryResource drop: waiting for streams",
-            self.order.synchronize_all(),
+            "FixedSizeMemoryResource drop: waiting for streams (slabs leaked)",
+            synced,
         );
         let span = self.per_slab as usize * self.stride;
         for n in 0..self.slab_count.load(Ordering::Acquire) {
             let raw = self.slabs[n].load(Ordering::Acquire);
             // SAFETY: published by `refill` from `Box::into_raw`, reclaimed once, here.
             let slab = unsafe { Box::from_raw(std::ptr::with_exposed_provenance_mut::<Slab>(raw)) };
+            if leak {
+                continue;
+            }
             if let Some(ptr) = NonNull::new(slab.base as *mut u8) {
                 // SAFETY: the slab came from the upstream with this size and alignment; the
                 // last handle is going away.

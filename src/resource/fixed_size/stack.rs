@@ -4,11 +4,22 @@
 //!
 //! Links live outside the stack (one `AtomicU32` per block, in host memory), so several stacks
 //! can share them: a block is in at most one stack at a time.
+//!
+//! A stack that changes owner is [closed](TaggedStack::close_if_empty) while its owner's key
+//! changes: [`pop_if`](TaggedStack::pop_if) and [`push_if`](TaggedStack::push_if) check the
+//! owner between reading the head and swapping it, so an operation that began for the old owner
+//! either lands before the close or sees the new owner and touches nothing.
 
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// The empty link.
 pub(crate) const NIL: u32 = u32::MAX;
+/// The head of a closed stack (never a block index: indices stay below `NIL - 1`).
+const CLOSED: u32 = u32::MAX - 1;
+
+/// The stack changed owner (or is changing it) under the caller, who touched nothing.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Moved;
 
 /// Where the `next` link of each block index lives.
 pub(crate) trait Links {
@@ -43,16 +54,29 @@ impl TaggedStack {
     /// Acquire, so that a caller who sees a stack emptied by `take_all` also sees what the
     /// taker did before (the fixed-size resource's seal epoch relies on it).
     pub fn is_empty(&self) -> bool {
-        index(self.head.load(Ordering::Acquire)) == NIL
+        matches!(index(self.head.load(Ordering::Acquire)), NIL | CLOSED)
     }
 
-    /// Pops one index.
+    /// Pops one index (none from a closed stack).
     pub fn pop(&self, links: &impl Links) -> Option<u32> {
+        self.pop_if(links, || true).unwrap_or(None)
+    }
+
+    /// Pops one index while `owned()` holds, checked after each read of the head. Acquire on
+    /// the head, so a head written after a change of owner shows the new owner to `owned`.
+    pub fn pop_if(
+        &self,
+        links: &impl Links,
+        owned: impl Fn() -> bool,
+    ) -> Result<Option<u32>, Moved> {
         let mut head = self.head.load(Ordering::Acquire);
         loop {
             let top = index(head);
+            if top == CLOSED || !owned() {
+                return Err(Moved);
+            }
             if top == NIL {
-                return None;
+                return Ok(None);
             }
             // May be stale if `top` was popped meanwhile; then the generation moved on and the
             // exchange below fails.
@@ -62,23 +86,39 @@ impl TaggedStack {
                 .head
                 .compare_exchange_weak(head, new, Ordering::Acquire, Ordering::Acquire)
             {
-                Ok(_) => return Some(top),
+                Ok(_) => return Ok(Some(top)),
                 Err(now) => head = now,
             }
         }
     }
 
-    /// Pushes the chain `first -> ... -> last` (already linked, owned by the caller).
+    /// Pushes the chain `first -> ... -> last` (already linked, owned by the caller) onto a
+    /// stack that no one closes meanwhile.
     pub fn push_chain(&self, links: &impl Links, first: u32, last: u32) {
-        let mut head = self.head.load(Ordering::Relaxed);
+        let pushed = self.push_if(links, first, last, || true);
+        debug_assert!(pushed.is_ok(), "push onto a closed stack");
+    }
+
+    /// Pushes the chain while `owned()` holds, checked as in [`pop_if`](Self::pop_if).
+    pub fn push_if(
+        &self,
+        links: &impl Links,
+        first: u32,
+        last: u32,
+        owned: impl Fn() -> bool,
+    ) -> Result<(), Moved> {
+        let mut head = self.head.load(Ordering::Acquire);
         loop {
+            if index(head) == CLOSED || !owned() {
+                return Err(Moved);
+            }
             links.next(last).store(index(head), Ordering::Relaxed);
             let new = pack(generation(head).wrapping_add(1), first);
             match self
                 .head
-                .compare_exchange_weak(head, new, Ordering::Release, Ordering::Relaxed)
+                .compare_exchange_weak(head, new, Ordering::Release, Ordering::Acquire)
             {
-                Ok(_) => return,
+                Ok(_) => return Ok(()),
                 Err(now) => head = now,
             }
         }
@@ -88,12 +128,40 @@ impl TaggedStack {
         self.push_chain(links, index, index);
     }
 
+    /// Closes the stack if it is empty: until [`reopen`](Self::reopen), every push and pop
+    /// fails (`pop_if`, `push_if`) or finds nothing (`pop`, `take_all`).
+    pub fn close_if_empty(&self) -> bool {
+        let head = self.head.load(Ordering::Acquire);
+        index(head) == NIL
+            && self
+                .head
+                .compare_exchange(
+                    head,
+                    pack(generation(head).wrapping_add(1), CLOSED),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+    }
+
+    /// Reopens a stack the caller closed, empty. Release: an operation that reads the reopened
+    /// head sees what the closer did before (the new owner's key).
+    pub fn reopen(&self) {
+        let head = self.head.load(Ordering::Relaxed);
+        debug_assert_eq!(index(head), CLOSED, "reopening a stack that is not closed");
+        // Nothing else writes a closed head, so a plain store cannot lose an update.
+        self.head.store(
+            pack(generation(head).wrapping_add(1), NIL),
+            Ordering::Release,
+        );
+    }
+
     /// Detaches the whole stack; returns the first index of the chain (ending in [`NIL`]).
     pub fn take_all(&self) -> Option<u32> {
         // Acquire even when it finds the stack empty (see `is_empty`).
         let mut head = self.head.load(Ordering::Acquire);
         loop {
-            if index(head) == NIL {
+            if matches!(index(head), NIL | CLOSED) {
                 return None;
             }
             let new = pack(generation(head).wrapping_add(1), NIL);
@@ -111,7 +179,7 @@ impl TaggedStack {
     pub fn snapshot(&self, links: &impl Links, limit: usize) -> Vec<u32> {
         let mut out = Vec::new();
         let mut at = index(self.head.load(Ordering::Acquire));
-        while at != NIL && out.len() <= limit {
+        while at != NIL && at != CLOSED && out.len() <= limit {
             out.push(at);
             at = links.next(at).load(Ordering::Relaxed);
         }
@@ -158,6 +226,26 @@ mod tests {
         assert!(s.is_empty());
         assert_eq!(chain, 1);
         assert_eq!(chain_tail(&links, chain), 3);
+    }
+
+    #[test]
+    fn a_closed_stack_refuses_checked_pushes_and_pops_until_reopened() {
+        let links = Vec32((0..4).map(|_| AtomicU32::new(NIL)).collect());
+        let s = TaggedStack::new();
+        s.push(&links, 1);
+        assert!(!s.close_if_empty(), "not empty");
+        assert_eq!(s.pop_if(&links, || true), Ok(Some(1)));
+        assert_eq!(s.pop_if(&links, || false), Err(Moved));
+        assert!(s.close_if_empty());
+        assert!(s.is_empty());
+        assert_eq!(s.pop(&links), None);
+        assert_eq!(s.take_all(), None);
+        assert_eq!(s.pop_if(&links, || true), Err(Moved));
+        assert_eq!(s.push_if(&links, 2, 2, || true), Err(Moved));
+        s.reopen();
+        assert_eq!(s.push_if(&links, 2, 2, || false), Err(Moved));
+        assert_eq!(s.push_if(&links, 2, 2, || true), Ok(()));
+        assert_eq!(s.snapshot(&links, 4), vec![2]);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Slot claiming: each stream gets one slot, found again at once; streams beyond the slots
-//! still allocate and free (through the shared ready stack).
+//! take over slots that hold no block, or park their frees.
 
 use std::ptr::NonNull;
 
@@ -13,7 +13,7 @@ fn resource() -> FixedSizeMemoryResource<HostMemoryResource> {
 }
 
 fn slot_addr(mr: &FixedSizeMemoryResource<HostMemoryResource>, s: StreamRef<'_>) -> Option<usize> {
-    mr.inner.slot_of(s).map(|slot| slot as *const _ as usize)
+    mr.inner.slot_of(s).map(|c| c.slot as *const _ as usize)
 }
 
 #[test]
@@ -72,35 +72,69 @@ fn streams_beyond_the_slots_still_allocate_and_free() {
         .collect();
     assert_eq!(mr.stats().blocks_in_use, streams.len());
     mr.check_invariants().unwrap();
-    let mut freed_by_slotless: Vec<usize> = blocks[STREAM_SLOTS..]
-        .iter()
-        .map(|(_, p)| p.as_ptr() as usize)
-        .collect();
-    freed_by_slotless.sort_unstable();
     for (s, p) in blocks {
         // SAFETY: allocated above with 200 bytes, freed once.
         unsafe { mr.deallocate(s, p, 200, 256) }.unwrap();
     }
     assert_eq!(mr.stats().blocks_in_use, 0);
     mr.check_invariants().unwrap();
-    // Blocks freed on slotless streams (after a wait on that stream) are free to any stream.
-    let slotless: Vec<usize> = freed_by_slotless;
+    // Every free block is reachable again (own stacks, other streams' after one
+    // synchronisation, parked ones too): a new stream takes them all without a refill.
     let total = mr.stats().total_blocks;
-    let s = StreamRef::simulated(STREAM_SLOTS + 3);
-    let again: Vec<_> = (0..slotless.len())
+    let s = StreamRef::simulated(STREAM_SLOTS + 100);
+    let again: Vec<_> = (0..total)
         .map(|_| mr.allocate(s, 200, 256).unwrap())
         .collect();
     assert_eq!(
         mr.stats().total_blocks,
         total,
-        "no refill while they are free"
+        "no refill while blocks are free"
     );
-    let mut got: Vec<usize> = again.iter().map(|p| p.as_ptr() as usize).collect();
-    got.sort_unstable();
-    assert_eq!(got, slotless);
+    mr.check_invariants().unwrap();
     for p in again {
         // SAFETY: as above.
         unsafe { mr.deallocate(s, p, 200, 256) }.unwrap();
     }
     mr.check_invariants().unwrap();
+}
+
+/// Once every slot is claimed, a new stream takes over the slot of a stream whose stacks hold
+/// no block; that stream finds no slot until it takes one over in turn.
+#[test]
+fn a_new_stream_takes_over_a_slot_whose_stacks_are_empty() {
+    let opts = FixedSizeOptions::new(256).blocks_per_refill(1);
+    let mr = FixedSizeMemoryResource::new(HostMemoryResource::new(), opts).unwrap();
+    let streams: Vec<_> = (1..=STREAM_SLOTS).map(StreamRef::simulated).collect();
+    let held: Vec<_> = streams
+        .iter()
+        .map(|&s| (s, mr.allocate(s, 256, 256).unwrap()))
+        .collect();
+    let new = StreamRef::simulated(STREAM_SLOTS + 1);
+    assert_eq!(slot_addr(&mr, new), None, "every slot is claimed");
+    let p = mr.allocate(new, 256, 256).unwrap();
+    let taken = slot_addr(&mr, new).expect("took a slot over");
+    let losers: Vec<_> = streams
+        .iter()
+        .filter(|&&s| slot_addr(&mr, s).is_none())
+        .collect();
+    assert_eq!(losers.len(), 1, "exactly one stream lost its slot");
+    // The stream that lost its slot frees into a slot it takes over (every stack is empty),
+    // not into the parked list.
+    let (s, q) = held.iter().copied().find(|(s, _)| s == losers[0]).unwrap();
+    // SAFETY: allocated above, freed once.
+    unsafe { mr.deallocate(s, q, 256, 256) }.unwrap();
+    assert!(slot_addr(&mr, s).is_some());
+    assert!(mr.inner.parked.is_empty());
+    if slot_addr(&mr, s) == Some(taken) {
+        assert_eq!(slot_addr(&mr, new), None, "two streams share a slot");
+    }
+    mr.check_invariants().unwrap();
+    // SAFETY: as above.
+    unsafe { mr.deallocate(new, p, 256, 256) }.unwrap();
+    for (s2, b) in held.into_iter().filter(|&(s2, _)| s2 != s) {
+        // SAFETY: as above.
+        unsafe { mr.deallocate(s2, b, 256, 256) }.unwrap();
+    }
+    mr.check_invariants().unwrap();
+    assert_eq!(mr.stats().blocks_in_use, 0);
 }

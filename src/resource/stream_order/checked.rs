@@ -7,6 +7,10 @@
 //! device-wide synchronisation after `t`, a synchronisation of A after `t`, a mark of A after
 //! `t` that B waited on or that a query found complete. A wait on a stream never marked counts
 //! as a device-wide synchronisation, as [`CudaOrder`](super::CudaOrder) makes it one.
+//!
+//! Ordering is transitive, as with CUDA events: a mark of A captures the marks A had waited on,
+//! so B waiting on it is ordered after them too (and a synchronisation of A, or a query that
+//! finds A's mark complete, covers them as well).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -58,8 +62,11 @@ struct State {
     now: u64,
     counts: CheckedCounts,
     last_mark: HashMap<StreamId, u64>,
-    /// The latest mark of the signaller that the waiter waited on.
+    /// (waiter, signaller) -> the latest time of the signaller's work the waiter is ordered
+    /// after (directly, or through marks of streams that were).
     waited: HashMap<(StreamId, StreamId), u64>,
+    /// What each stream was ordered after at its last mark: (signaller, time).
+    mark_knows: HashMap<StreamId, Vec<(StreamId, u64)>>,
     /// The latest mark of a stream that a query found complete.
     complete: HashMap<StreamId, u64>,
     synced: HashMap<StreamId, u64>,
@@ -73,6 +80,15 @@ impl State {
     fn tick(&mut self) -> u64 {
         self.now += 1;
         self.now
+    }
+
+    /// What `stream` is ordered after now: (signaller, time).
+    fn knows(&self, stream: StreamId) -> Vec<(StreamId, u64)> {
+        self.waited
+            .iter()
+            .filter(|((w, _), _)| *w == stream)
+            .map(|(&(_, from), &at)| (from, at))
+            .collect()
     }
 
     /// Whether a free on `from` at `t` may go to `to` now.
@@ -198,6 +214,8 @@ impl StreamOrder for CheckedOrder {
         let mut s = self.call("mark")?;
         let t = s.tick();
         s.last_mark.insert(stream.id(), t);
+        let knows = s.knows(stream.id());
+        s.mark_knows.insert(stream.id(), knows);
         Ok(())
     }
 
@@ -209,8 +227,11 @@ impl StreamOrder for CheckedOrder {
         let t = s.tick();
         match s.last_mark.get(&signaller).copied() {
             Some(m) => {
-                let w = s.waited.entry((waiter.id(), signaller)).or_default();
-                *w = (*w).max(m);
+                let inherited = s.mark_knows.get(&signaller).cloned().unwrap_or_default();
+                for (from, at) in inherited.into_iter().chain([(signaller, m)]) {
+                    let w = s.waited.entry((waiter.id(), from)).or_default();
+                    *w = (*w).max(at);
+                }
             }
             None => s.device_synced = t,
         }
@@ -223,6 +244,11 @@ impl StreamOrder for CheckedOrder {
         match s.last_mark.get(&signaller).copied() {
             Some(m) if !s.faults.pending => {
                 s.complete.insert(signaller, m);
+                let inherited = s.mark_knows.get(&signaller).cloned().unwrap_or_default();
+                for (from, at) in inherited {
+                    let c = s.complete.entry(from).or_default();
+                    *c = (*c).max(at);
+                }
                 Ok(true)
             }
             _ => Ok(false),
@@ -239,6 +265,10 @@ impl StreamOrder for CheckedOrder {
         let mut s = self.call("synchronize")?;
         let t = s.tick();
         s.synced.insert(stream.id(), t);
+        for (from, at) in s.knows(stream.id()) {
+            let c = s.synced.entry(from).or_default();
+            *c = (*c).max(at);
+        }
         Ok(())
     }
 }
@@ -407,6 +437,42 @@ mod tests {
         order.synchronize(a).unwrap();
         assert!(order.lock().covered(a.id(), t, b.id()));
         assert_eq!(order.counts().failed, 1);
+    }
+
+    #[test]
+    fn a_mark_carries_the_marks_its_stream_waited_on() {
+        let (a, b, c) = (
+            StreamRef::simulated(1),
+            StreamRef::simulated(2),
+            StreamRef::simulated(3),
+        );
+        let order = CheckedOrder::new(OrderFaults::default());
+        let t = order.lock().tick();
+        order.mark(b).unwrap();
+        order.mark(a).unwrap();
+        order.wait_for_mark(c, a.id()).unwrap();
+        assert!(
+            !order.lock().covered(b.id(), t, c.id()),
+            "a never waited on b"
+        );
+        order.wait_for_mark(a, b.id()).unwrap();
+        assert!(
+            !order.lock().covered(b.id(), t, c.id()),
+            "c waited on a's mark from before a waited on b"
+        );
+        order.mark(a).unwrap();
+        order.wait_for_mark(c, a.id()).unwrap();
+        assert!(
+            order.lock().covered(b.id(), t, c.id()),
+            "through a's new mark"
+        );
+        let d = StreamRef::simulated(4);
+        assert!(!order.lock().covered(b.id(), t, d.id()));
+        order.synchronize(a).unwrap();
+        assert!(
+            order.lock().covered(b.id(), t, d.id()),
+            "a's sync covers what a waited on"
+        );
     }
 
     #[test]
