@@ -88,13 +88,23 @@ fn default_per_refill(block: usize) -> usize {
     ((4 << 20) / round_256(block)).clamp(1, 1024)
 }
 
-/// A coalescing pool whose first chunk is `initial` bytes: `2 × peak + initial`.
+/// The default number of pool shards and of arenas: twice the available parallelism (at least 8
+/// shards), as `PoolOptions::shards` and `ArenaOptions::arenas` say.
+fn default_spread() -> (usize, usize) {
+    let par = std::thread::available_parallelism().map_or(1, |n| n.get());
+    ((2 * par).max(8), 2 * par)
+}
+
+/// A coalescing pool whose first chunk is `initial` bytes, with the default shards: as the pool
+/// documents (`tests/bounded_memory.rs`), `8 × peak + 2 slabs (256 KiB) per shard`, plus the
+/// initial chunk.
 pub fn pool(initial: usize) -> Bound {
+    let (shards, _) = default_spread();
     Bound::new(
-        "2 × peak + the initial chunk",
+        "8 × peak + 2 slabs per shard + the initial chunk",
         1,
         |n| (0, round_256(n)),
-        move |p| 2 * p[0] + initial,
+        move |p| 8 * p[0] + 2 * shards * (256 << 10) + initial,
     )
 }
 
@@ -108,13 +118,15 @@ pub fn fixed_size(block: usize) -> Bound {
     )
 }
 
-/// An arena of `superblock`-byte superblocks: `2 × peak + one superblock`.
+/// An arena of `superblock`-byte superblocks with the default arenas and global shards, as the
+/// arena documents: `8 × peak + (8 × arenas + 2 × shards) × superblock`.
 pub fn arena(superblock: usize) -> Bound {
+    let (shards, arenas) = default_spread();
     Bound::new(
-        "2 × peak + one superblock",
+        "8 × peak + (8 × arenas + 2 × shards) superblocks",
         1,
         |n| (0, round_256(n)),
-        move |p| 2 * p[0] + superblock,
+        move |p| 8 * p[0] + (8 * arenas + 2 * shards) * superblock,
     )
 }
 
