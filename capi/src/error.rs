@@ -154,12 +154,16 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// Drops a panic payload; a payload whose own drop panics is leaked, so that second panic does
-/// not unwind either.
-fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
-    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
-        std::mem::forget(again);
+/// Drops a panic payload. A payload's drop may itself panic: what that panic carries is
+/// dropped the same way, a few times over, then leaked, so nothing unwinds.
+fn drop_payload(mut payload: Box<dyn std::any::Any + Send>) {
+    for _ in 0..4 {
+        match catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+            Ok(()) => return,
+            Err(again) => payload = again,
+        }
     }
+    std::mem::forget(payload);
 }
 
 /// Runs `f`, catching panics; on failure records the last error and returns it.
