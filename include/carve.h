@@ -74,7 +74,8 @@ int carve_pool_resource_create(carve_resource_t upstream, size_t initial_size,
                                size_t maximum_size, carve_resource_t *out);
 int carve_binning_resource_create(carve_resource_t upstream, unsigned min_exp, unsigned max_exp,
                                   carve_resource_t *out);
-/* superblock_size, arenas: 0 picks the defaults. */
+/* superblock_size, arenas: 0 picks the defaults; more than 4096 arenas is
+ * CARVE_ERROR_INVALID_ARGUMENT. */
 int carve_arena_resource_create(carve_resource_t upstream, size_t superblock_size, size_t arenas,
                                 size_t maximum_size, carve_resource_t *out);
 /* blocks_per_refill: 0 picks the default. */
@@ -88,6 +89,9 @@ int carve_tracking_adaptor_create(carve_resource_t upstream, int capture_backtra
 /* RMM's CSV log, to a new file at path. */
 int carve_logging_adaptor_create(carve_resource_t upstream, const char *path, int auto_flush,
                                  carve_resource_t *out);
+/* Forgets r. Blocks allocated through r can no longer be freed through it
+ * (CARVE_ERROR_INVALID_HANDLE): free them first. Destroying a handle twice is
+ * CARVE_ERROR_INVALID_HANDLE, also after a new resource took its slot. */
 int carve_resource_destroy(carve_resource_t r);
 /* "cuda", "pool", "statistics", ... ("current" for a resource found as current); NULL on a
  * bad handle. */

@@ -116,26 +116,32 @@ thread_local! {
 pub fn set_last_error(e: &FfiError) {
     // Interior NULs cannot cross into C; replace them rather than lose the message.
     let text = CString::new(e.message.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|l| *l.borrow_mut() = Some(text));
+    // During thread exit (a C thread-exit hook or another thread-local's destructor calling
+    // carve) the slot may be gone: the error code still reports the failure.
+    let _ = LAST_ERROR.try_with(|l| *l.borrow_mut() = Some(text));
 }
 
 /// This thread's last error message (empty when none). The pointer stays valid until the next
 /// failing carve call on this thread.
 pub fn last_error_ptr() -> *const c_char {
-    LAST_ERROR.with(|l| match &*l.borrow() {
-        Some(s) => s.as_ptr(),
-        None => c"".as_ptr(),
-    })
+    LAST_ERROR
+        .try_with(|l| match &*l.borrow() {
+            Some(s) => s.as_ptr(),
+            None => c"".as_ptr(),
+        })
+        .unwrap_or(c"".as_ptr())
 }
 
 /// This thread's last error message, as a Rust string.
 pub fn last_error() -> String {
-    LAST_ERROR.with(|l| {
-        l.borrow()
-            .as_ref()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    })
+    LAST_ERROR
+        .try_with(|l| {
+            l.borrow()
+                .as_ref()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        })
+        .unwrap_or_default()
 }
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -148,6 +154,18 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// Drops a panic payload. A payload's drop may itself panic: what that panic carries is
+/// dropped the same way, a few times over, then leaked, so nothing unwinds.
+fn drop_payload(mut payload: Box<dyn std::any::Any + Send>) {
+    for _ in 0..4 {
+        match catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+            Ok(()) => return,
+            Err(again) => payload = again,
+        }
+    }
+    std::mem::forget(payload);
+}
+
 /// Runs `f`, catching panics; on failure records the last error and returns it.
 pub fn catch_error<T>(f: impl FnOnce() -> FfiResult<T>) -> Result<T, FfiError> {
     // The closure's captures are only read again after a panic through the error path, which
@@ -155,10 +173,11 @@ pub fn catch_error<T>(f: impl FnOnce() -> FfiResult<T>) -> Result<T, FfiError> {
     let e = match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => return Ok(v),
         Ok(Err(e)) => e,
-        Err(payload) => FfiError::new(
-            Code::Panic,
-            format!("carve panicked: {}", panic_message(&*payload)),
-        ),
+        Err(payload) => {
+            let message = format!("carve panicked: {}", panic_message(&*payload));
+            drop_payload(payload);
+            FfiError::new(Code::Panic, message)
+        }
     };
     set_last_error(&e);
     Err(e)

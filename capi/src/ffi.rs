@@ -1,6 +1,10 @@
 //! The `extern "C"` functions of `include/carve.h` (resources, allocation, statistics, the
 //! current resource, errors). Each body runs inside [`guard`], so nothing unwinds into C, and
 //! returns a `CARVE_ERROR_*` code with the message in `carve_last_error()`.
+//!
+//! Functions that write or read through a pointer the caller passes, or hand a stream to the
+//! driver, are `unsafe`, with their contract under "Safety". Those that take only handles and
+//! values are safe: a handle is a registry id, checked and never dereferenced.
 
 #![allow(non_camel_case_types)]
 
@@ -63,7 +67,13 @@ fn check_out<T>(out: *mut T) -> FfiResult<()> {
 }
 
 /// Registers `make()`'s entry and writes its handle to `out` (checked before anything is built).
-fn create(out: *mut carve_resource_t, make: impl FnOnce() -> FfiResult<Arc<Entry>>) -> c_int {
+///
+/// # Safety
+/// `out` must be null or writable.
+unsafe fn create(
+    out: *mut carve_resource_t,
+    make: impl FnOnce() -> FfiResult<Arc<Entry>>,
+) -> c_int {
     guard(|| {
         check_out(out)?;
         let h = registry::insert(make()?)?;
@@ -74,12 +84,16 @@ fn create(out: *mut carve_resource_t, make: impl FnOnce() -> FfiResult<Arc<Entry
 }
 
 /// Adaptor or suballocator over `upstream`.
-fn create_over(
+///
+/// # Safety
+/// `out` must be null or writable.
+unsafe fn create_over(
     upstream: carve_resource_t,
     out: *mut carve_resource_t,
     make: impl FnOnce(&Entry) -> FfiResult<Arc<Entry>>,
 ) -> c_int {
-    create(out, || make(&*entry(upstream)?))
+    // SAFETY: forwarded caller contract.
+    unsafe { create(out, || make(&*entry(upstream)?)) }
 }
 
 /// `carve_last_error`: this thread's last error message ("" when none).
@@ -101,138 +115,202 @@ pub extern "C" fn carve_resource_destroy(r: carve_resource_t) -> c_int {
 }
 
 /// `carve_cuda_resource_create`.
+///
+/// # Safety
+/// `out` must be null or writable.
 #[no_mangle]
-pub extern "C" fn carve_cuda_resource_create(dev: c_int, out: *mut carve_resource_t) -> c_int {
-    create(out, || make::cuda(device(dev)?))
+pub unsafe extern "C" fn carve_cuda_resource_create(
+    dev: c_int,
+    out: *mut carve_resource_t,
+) -> c_int {
+    // SAFETY: forwarded caller contract.
+    unsafe { create(out, || make::cuda(device(dev)?)) }
 }
 
 /// `carve_managed_resource_create`.
+///
+/// # Safety
+/// `out` must be null or writable.
 #[no_mangle]
-pub extern "C" fn carve_managed_resource_create(dev: c_int, out: *mut carve_resource_t) -> c_int {
-    create(out, || make::managed(device(dev)?))
+pub unsafe extern "C" fn carve_managed_resource_create(
+    dev: c_int,
+    out: *mut carve_resource_t,
+) -> c_int {
+    // SAFETY: forwarded caller contract.
+    unsafe { create(out, || make::managed(device(dev)?)) }
 }
 
 /// `carve_pinned_resource_create`.
+///
+/// # Safety
+/// `out` must be null or writable.
 #[no_mangle]
-pub extern "C" fn carve_pinned_resource_create(
+pub unsafe extern "C" fn carve_pinned_resource_create(
     dev: c_int,
     flags: c_uint,
     out: *mut carve_resource_t,
 ) -> c_int {
-    create(out, || make::pinned(device(dev)?, flags))
+    // SAFETY: forwarded caller contract.
+    unsafe { create(out, || make::pinned(device(dev)?, flags)) }
 }
 
 /// `carve_async_resource_create`.
+///
+/// # Safety
+/// `out` must be null or writable.
 #[no_mangle]
-pub extern "C" fn carve_async_resource_create(
+pub unsafe extern "C" fn carve_async_resource_create(
     dev: c_int,
     initial_size: usize,
     release_threshold: usize,
     hard_limit: usize,
     out: *mut carve_resource_t,
 ) -> c_int {
-    create(out, || {
-        make::async_pool(
-            device(dev)?,
-            initial_size,
-            opt(release_threshold),
-            opt(hard_limit),
-        )
-    })
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        create(out, || {
+            make::async_pool(
+                device(dev)?,
+                initial_size,
+                opt(release_threshold),
+                opt(hard_limit),
+            )
+        })
+    }
 }
 
 /// `carve_host_resource_create`.
+///
+/// # Safety
+/// `out` must be null or writable.
 #[no_mangle]
-pub extern "C" fn carve_host_resource_create(out: *mut carve_resource_t) -> c_int {
-    create(out, || Ok(make::host()))
+pub unsafe extern "C" fn carve_host_resource_create(out: *mut carve_resource_t) -> c_int {
+    // SAFETY: forwarded caller contract.
+    unsafe { create(out, || Ok(make::host())) }
 }
 
 /// `carve_pool_resource_create`.
+///
+/// # Safety
+/// `out` must be null or writable.
 #[no_mangle]
-pub extern "C" fn carve_pool_resource_create(
+pub unsafe extern "C" fn carve_pool_resource_create(
     upstream: carve_resource_t,
     initial_size: usize,
     maximum_size: usize,
     out: *mut carve_resource_t,
 ) -> c_int {
-    create_over(upstream, out, |u| {
-        make::pool(u, initial_size, opt(maximum_size))
-    })
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        create_over(upstream, out, |u| {
+            make::pool(u, initial_size, opt(maximum_size))
+        })
+    }
 }
 
 /// `carve_binning_resource_create`.
+///
+/// # Safety
+/// `out` must be null or writable.
 #[no_mangle]
-pub extern "C" fn carve_binning_resource_create(
+pub unsafe extern "C" fn carve_binning_resource_create(
     upstream: carve_resource_t,
     min_exp: c_uint,
     max_exp: c_uint,
     out: *mut carve_resource_t,
 ) -> c_int {
-    create_over(upstream, out, |u| make::binning(u, min_exp, max_exp))
+    // SAFETY: forwarded caller contract.
+    unsafe { create_over(upstream, out, |u| make::binning(u, min_exp, max_exp)) }
 }
 
 /// `carve_arena_resource_create`.
+///
+/// # Safety
+/// `out` must be null or writable.
 #[no_mangle]
-pub extern "C" fn carve_arena_resource_create(
+pub unsafe extern "C" fn carve_arena_resource_create(
     upstream: carve_resource_t,
     superblock_size: usize,
     arenas: usize,
     maximum_size: usize,
     out: *mut carve_resource_t,
 ) -> c_int {
-    create_over(upstream, out, |u| {
-        make::arena(u, superblock_size, arenas, opt(maximum_size))
-    })
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        create_over(upstream, out, |u| {
+            make::arena(u, superblock_size, arenas, opt(maximum_size))
+        })
+    }
 }
 
 /// `carve_fixed_size_resource_create`.
+///
+/// # Safety
+/// `out` must be null or writable.
 #[no_mangle]
-pub extern "C" fn carve_fixed_size_resource_create(
+pub unsafe extern "C" fn carve_fixed_size_resource_create(
     upstream: carve_resource_t,
     block_size: usize,
     blocks_per_refill: c_uint,
     out: *mut carve_resource_t,
 ) -> c_int {
-    create_over(upstream, out, |u| {
-        make::fixed_size(u, block_size, blocks_per_refill)
-    })
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        create_over(upstream, out, |u| {
+            make::fixed_size(u, block_size, blocks_per_refill)
+        })
+    }
 }
 
 /// `carve_limiting_adaptor_create`.
+///
+/// # Safety
+/// `out` must be null or writable.
 #[no_mangle]
-pub extern "C" fn carve_limiting_adaptor_create(
+pub unsafe extern "C" fn carve_limiting_adaptor_create(
     upstream: carve_resource_t,
     limit: usize,
     out: *mut carve_resource_t,
 ) -> c_int {
-    create_over(upstream, out, |u| Ok(make::limiting(u, limit)))
+    // SAFETY: forwarded caller contract.
+    unsafe { create_over(upstream, out, |u| Ok(make::limiting(u, limit))) }
 }
 
 /// `carve_statistics_adaptor_create`.
+///
+/// # Safety
+/// `out` must be null or writable.
 #[no_mangle]
-pub extern "C" fn carve_statistics_adaptor_create(
+pub unsafe extern "C" fn carve_statistics_adaptor_create(
     upstream: carve_resource_t,
     out: *mut carve_resource_t,
 ) -> c_int {
-    create_over(upstream, out, |u| Ok(make::statistics(u)))
+    // SAFETY: forwarded caller contract.
+    unsafe { create_over(upstream, out, |u| Ok(make::statistics(u))) }
 }
 
 /// `carve_tracking_adaptor_create`.
+///
+/// # Safety
+/// `out` must be null or writable.
 #[no_mangle]
-pub extern "C" fn carve_tracking_adaptor_create(
+pub unsafe extern "C" fn carve_tracking_adaptor_create(
     upstream: carve_resource_t,
     capture_backtraces: c_int,
     out: *mut carve_resource_t,
 ) -> c_int {
-    create_over(upstream, out, |u| {
-        Ok(make::tracking(u, capture_backtraces != 0))
-    })
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        create_over(upstream, out, |u| {
+            Ok(make::tracking(u, capture_backtraces != 0))
+        })
+    }
 }
 
 /// `carve_logging_adaptor_create`.
 ///
 /// # Safety
-/// `path` must be null or a NUL-terminated string.
+/// `path` must be null or a NUL-terminated string; `out` must be null or writable.
 #[no_mangle]
 pub unsafe extern "C" fn carve_logging_adaptor_create(
     upstream: carve_resource_t,
@@ -240,7 +318,7 @@ pub unsafe extern "C" fn carve_logging_adaptor_create(
     auto_flush: c_int,
     out: *mut carve_resource_t,
 ) -> c_int {
-    create_over(upstream, out, |u| {
+    let make = |u: &Entry| {
         if path.is_null() {
             return Err(FfiError::invalid("null log path"));
         }
@@ -249,7 +327,9 @@ pub unsafe extern "C" fn carve_logging_adaptor_create(
             .to_str()
             .map_err(|_| FfiError::invalid("the log path is not UTF-8"))?;
         make::logging(u, path, auto_flush != 0)
-    })
+    };
+    // SAFETY: forwarded caller contract.
+    unsafe { create_over(upstream, out, make) }
 }
 
 /// `carve_resource_kind`: the kind's name ("pool", "cuda", ...), static; null on a bad handle.
@@ -417,7 +497,8 @@ pub unsafe extern "C" fn carve_get_current_resource(
     dev: c_int,
     out: *mut carve_resource_t,
 ) -> c_int {
-    create(out, || current::get(device(dev)?))
+    // SAFETY: forwarded caller contract.
+    unsafe { create(out, || current::get(device(dev)?)) }
 }
 
 /// `carve_live_handles`: how many handles are live (for leak checks in tests).

@@ -196,7 +196,14 @@ fn check_fraction(device: usize, size: usize) -> FfiResult<()> {
     Ok(())
 }
 
-fn torch_alloc(slot: Option<usize>, size: isize, dev: c_int, stream: *mut c_void) -> *mut c_void {
+/// # Safety
+/// `stream` must be null or a stream valid during the call.
+unsafe fn torch_alloc(
+    slot: Option<usize>,
+    size: isize,
+    dev: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
     catch(|| {
         let size = size_of(size)?;
         if size == 0 {
@@ -213,50 +220,71 @@ fn torch_alloc(slot: Option<usize>, size: isize, dev: c_int, stream: *mut c_void
                 )
             })?,
         };
-        // SAFETY: PyTorch passes a stream valid for this call, which is all the handle is used for.
+        // SAFETY: the caller passes a stream valid for this call, which is all the handle is
+        // used for.
         let stream = unsafe { stream_of(stream) };
         alloc_recorded(entry, size, stream, device, true)
     })
     .unwrap_or(std::ptr::null_mut())
 }
 
-fn torch_free(ptr: *mut c_void, stream: *mut c_void) {
-    // SAFETY: PyTorch passes a stream valid for this call, which is all the handle is used for.
+/// # Safety
+/// As [`carve_torch_free`].
+unsafe fn torch_free(ptr: *mut c_void, stream: *mut c_void) {
+    // SAFETY: the caller passes a stream valid for this call, which is all the handle is used
+    // for, and gives up the block.
     let _ = catch(|| free_recorded(ptr, unsafe { stream_of(stream) }));
 }
 
 /// PyTorch `alloc`: from the current carve resource of `device`.
+///
+/// # Safety
+/// `stream` must be null (the legacy default stream) or a stream valid during the call.
 #[no_mangle]
-pub extern "C" fn carve_torch_alloc(
+pub unsafe extern "C" fn carve_torch_alloc(
     size: isize,
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
-    torch_alloc(None, size, device, stream)
+    // SAFETY: forwarded caller contract.
+    unsafe { torch_alloc(None, size, device, stream) }
 }
 
 /// PyTorch `free` (any carve torch allocation, whichever slot made it).
+///
+/// # Safety
+/// `stream` must be null or a stream valid during the call. When `ptr` is a block carve handed
+/// out, nothing may use it after this call except work already queued on `stream`.
 #[no_mangle]
-pub extern "C" fn carve_torch_free(
+pub unsafe extern "C" fn carve_torch_free(
     ptr: *mut c_void,
     _size: isize,
     _device: c_int,
     stream: *mut c_void,
 ) {
-    torch_free(ptr, stream)
+    // SAFETY: forwarded caller contract.
+    unsafe { torch_free(ptr, stream) }
 }
 
 macro_rules! torch_slots {
     ($($n:literal $alloc:ident $free:ident),* $(,)?) => {$(
         /// PyTorch `alloc` bound to a slot (see [`carve_torch_bind_slot`]).
+        ///
+        /// # Safety
+        /// As [`carve_torch_alloc`].
         #[no_mangle]
-        pub extern "C" fn $alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
-            torch_alloc(Some($n), size, device, stream)
+        pub unsafe extern "C" fn $alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
+            // SAFETY: forwarded caller contract.
+            unsafe { torch_alloc(Some($n), size, device, stream) }
         }
         /// PyTorch `free` for a slot's allocator.
+        ///
+        /// # Safety
+        /// As [`carve_torch_free`].
         #[no_mangle]
-        pub extern "C" fn $free(ptr: *mut c_void, _size: isize, _device: c_int, stream: *mut c_void) {
-            torch_free(ptr, stream)
+        pub unsafe extern "C" fn $free(ptr: *mut c_void, _size: isize, _device: c_int, stream: *mut c_void) {
+            // SAFETY: forwarded caller contract.
+            unsafe { torch_free(ptr, stream) }
         }
     )*};
 }
@@ -341,8 +369,12 @@ pub extern "C" fn carve_cupy_malloc(param: isize, size: usize, dev: c_int) -> is
 }
 
 /// CuPy `free`.
+///
+/// # Safety
+/// When `ptr` is a block carve handed out, nothing may use it after this call except work
+/// already queued on the legacy default stream.
 #[no_mangle]
-pub extern "C" fn carve_cupy_free(_param: isize, ptr: isize, _device: c_int) {
+pub unsafe extern "C" fn carve_cupy_free(_param: isize, ptr: isize, _device: c_int) {
     let _ = catch(|| free_recorded(ptr as *mut c_void, StreamRef::DEFAULT));
 }
 
@@ -392,8 +424,12 @@ pub extern "C" fn carve_ort_alloc(size: usize) -> *mut c_void {
 }
 
 /// ONNX Runtime `gpu_external_free`.
+///
+/// # Safety
+/// When `ptr` is a block carve handed out, nothing may use it after this call except work
+/// already queued on the legacy default stream.
 #[no_mangle]
-pub extern "C" fn carve_ort_free(ptr: *mut c_void) {
+pub unsafe extern "C" fn carve_ort_free(ptr: *mut c_void) {
     let _ = catch(|| free_recorded(ptr, StreamRef::DEFAULT));
 }
 

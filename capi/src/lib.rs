@@ -20,6 +20,8 @@ pub mod frameworks;
 pub mod make;
 pub mod registry;
 pub mod stats;
+#[cfg(doctest)]
+mod unsafe_calls;
 
 pub use error::{Code, FfiError};
 pub use registry::{Entry, Handle};

@@ -6,6 +6,9 @@ use std::ptr;
 use carve_capi::ffi::*;
 use carve_capi::frameworks::*;
 
+#[path = "c/harness.rs"]
+mod harness;
+
 const OK: i32 = 0;
 const INVALID_HANDLE: i32 = 1;
 const INVALID_ARGUMENT: i32 = 2;
@@ -24,7 +27,8 @@ fn last() -> String {
 
 fn host() -> carve_resource_t {
     let mut h = ptr::null_mut();
-    assert_eq!(carve_host_resource_create(&mut h), OK);
+    // SAFETY: the output is writable.
+    assert_eq!(unsafe { carve_host_resource_create(&mut h) }, OK);
     h
 }
 
@@ -98,7 +102,8 @@ fn null_destroyed_and_forged_handles_are_errors() {
     );
     let mut out = ptr::null_mut();
     assert_eq!(
-        carve_pool_resource_create(h, 0, SIZE_NONE, &mut out),
+        // SAFETY: the output is writable.
+        unsafe { carve_pool_resource_create(h, 0, SIZE_NONE, &mut out) },
         INVALID_HANDLE
     );
     assert!(out.is_null());
@@ -126,7 +131,8 @@ fn bad_sizes_alignments_and_outputs_are_errors() {
     let code = unsafe { carve_allocate(h, 64, 256, ptr::null_mut(), ptr::null_mut()) };
     assert_eq!(code, INVALID_ARGUMENT);
     assert_eq!(
-        carve_host_resource_create(ptr::null_mut()),
+        // SAFETY: a null output on purpose; refused before anything is written.
+        unsafe { carve_host_resource_create(ptr::null_mut()) },
         INVALID_ARGUMENT
     );
     let mut n = 0;
@@ -137,11 +143,13 @@ fn bad_sizes_alignments_and_outputs_are_errors() {
     );
     let mut out = ptr::null_mut();
     assert_eq!(
-        carve_binning_resource_create(h, 12, 3, &mut out),
+        // SAFETY: the output is writable.
+        unsafe { carve_binning_resource_create(h, 12, 3, &mut out) },
         INVALID_ARGUMENT
     );
     assert_eq!(
-        carve_pinned_resource_create(0, 0x80, &mut out),
+        // SAFETY: the output is writable.
+        unsafe { carve_pinned_resource_create(0, 0x80, &mut out) },
         INVALID_ARGUMENT
     );
     assert_eq!(carve_resource_destroy(h), OK);
@@ -195,16 +203,22 @@ fn adaptors_compose_and_outlive_their_upstream_handles() {
     let h = host();
     let mut pool = ptr::null_mut();
     assert_eq!(
-        carve_pool_resource_create(h, 1 << 20, 4 << 20, &mut pool),
+        // SAFETY: the output is writable.
+        unsafe { carve_pool_resource_create(h, 1 << 20, 4 << 20, &mut pool) },
         OK
     );
     let mut limited = ptr::null_mut();
     assert_eq!(
-        carve_limiting_adaptor_create(pool, 1 << 20, &mut limited),
+        // SAFETY: the output is writable.
+        unsafe { carve_limiting_adaptor_create(pool, 1 << 20, &mut limited) },
         OK
     );
     let mut st = ptr::null_mut();
-    assert_eq!(carve_statistics_adaptor_create(limited, &mut st), OK);
+    assert_eq!(
+        // SAFETY: the output is writable.
+        unsafe { carve_statistics_adaptor_create(limited, &mut st) },
+        OK
+    );
     // Destroying the inner handles keeps the stack alive (the adaptor holds them).
     assert_eq!(carve_resource_destroy(h), OK);
     assert_eq!(carve_resource_destroy(limited), OK);
@@ -254,18 +268,32 @@ fn every_suballocator_and_adaptor_builds_over_host_memory() {
     let log_c = std::ffi::CString::new(log.to_str().unwrap()).unwrap();
     let mut made = Vec::new();
     let mut out = ptr::null_mut();
-    assert_eq!(carve_pool_resource_create(h, 0, SIZE_NONE, &mut out), OK);
-    made.push(out);
-    assert_eq!(carve_binning_resource_create(h, 8, 12, &mut out), OK);
-    made.push(out);
     assert_eq!(
-        carve_arena_resource_create(h, 1 << 20, 2, SIZE_NONE, &mut out),
+        // SAFETY: the output is writable.
+        unsafe { carve_pool_resource_create(h, 0, SIZE_NONE, &mut out) },
         OK
     );
     made.push(out);
-    assert_eq!(carve_fixed_size_resource_create(h, 4096, 4, &mut out), OK);
+    assert_eq!(
+        // SAFETY: the output is writable.
+        unsafe { carve_binning_resource_create(h, 8, 12, &mut out) },
+        OK
+    );
     made.push(out);
-    assert_eq!(carve_tracking_adaptor_create(h, 0, &mut out), OK);
+    assert_eq!(
+        // SAFETY: the output is writable.
+        unsafe { carve_arena_resource_create(h, 1 << 20, 2, SIZE_NONE, &mut out) },
+        OK
+    );
+    made.push(out);
+    assert_eq!(
+        // SAFETY: the output is writable.
+        unsafe { carve_fixed_size_resource_create(h, 4096, 4, &mut out) },
+        OK
+    );
+    made.push(out);
+    // SAFETY: the output is writable.
+    assert_eq!(unsafe { carve_tracking_adaptor_create(h, 0, &mut out) }, OK);
     made.push(out);
     assert_eq!(
         // SAFETY: a NUL-terminated path.
@@ -307,7 +335,8 @@ fn every_suballocator_and_adaptor_builds_over_host_memory() {
 fn tracking_refuses_a_foreign_pointer() {
     let h = host();
     let mut t = ptr::null_mut();
-    assert_eq!(carve_tracking_adaptor_create(h, 0, &mut t), OK);
+    // SAFETY: the output is writable.
+    assert_eq!(unsafe { carve_tracking_adaptor_create(h, 0, &mut t) }, OK);
     // SAFETY: a pointer the adaptor never handed out; refused before the upstream sees it.
     let code = unsafe { carve_deallocate(t, 0x10_0000 as *mut c_void, 64, 256, ptr::null_mut()) };
     assert_eq!(code, BAD_POINTER);
@@ -323,18 +352,31 @@ fn device_resources_and_the_current_resource_need_a_device() {
         return;
     }
     let mut out = ptr::null_mut();
-    assert_eq!(carve_cuda_resource_create(0, &mut out), NO_DEVICE);
+    assert_eq!(
+        // SAFETY: the output is writable.
+        unsafe { carve_cuda_resource_create(0, &mut out) },
+        NO_DEVICE
+    );
     assert!(
         last().contains("CUDA driver") || last().contains("device"),
         "{}",
         last()
     );
-    assert_eq!(carve_managed_resource_create(0, &mut out), NO_DEVICE);
     assert_eq!(
-        carve_async_resource_create(0, 0, SIZE_NONE, SIZE_NONE, &mut out),
+        // SAFETY: the output is writable.
+        unsafe { carve_managed_resource_create(0, &mut out) },
         NO_DEVICE
     );
-    assert_eq!(carve_cuda_resource_create(-1, &mut out), NO_DEVICE);
+    assert_eq!(
+        // SAFETY: the output is writable.
+        unsafe { carve_async_resource_create(0, 0, SIZE_NONE, SIZE_NONE, &mut out) },
+        NO_DEVICE
+    );
+    assert_eq!(
+        // SAFETY: the output is writable.
+        unsafe { carve_cuda_resource_create(-1, &mut out) },
+        NO_DEVICE
+    );
     assert_eq!(
         // SAFETY: `out` is writable.
         unsafe { carve_get_current_resource(0, &mut out) },
@@ -348,7 +390,8 @@ fn device_resources_and_the_current_resource_need_a_device() {
     );
     assert!(out.is_null());
     // Framework symbols fail soft: null, and the last error says why.
-    assert!(carve_torch_alloc(64, 0, ptr::null_mut()).is_null());
+    // SAFETY: the legacy default stream.
+    assert!(unsafe { carve_torch_alloc(64, 0, ptr::null_mut()) }.is_null());
     assert_eq!(carve_cupy_malloc(0, 64, 0), 0);
     carve_resource_destroy(h);
 }
@@ -362,11 +405,14 @@ fn cupy_symbols_record_sizes_and_refuse_bad_frees() {
     assert_eq!(p % 256, 0);
     assert_eq!(stat(h, "allocated_bytes"), 1000.0);
     // Size-less free: carve recorded the size.
-    carve_cupy_free(param, p, 0);
+    // SAFETY: a block carve handed out and nothing uses, or a pointer it refuses untouched.
+    unsafe { carve_cupy_free(param, p, 0) };
     assert_eq!(stat(h, "allocation_count"), 0.0);
-    carve_cupy_free(param, p, 0); // double free: refused, nothing happens
+    // SAFETY: a block carve handed out and nothing uses, or a pointer it refuses untouched.
+    unsafe { carve_cupy_free(param, p, 0) }; // double free: refused, nothing happens
     assert!(last().contains("not allocated through carve"), "{}", last());
-    carve_cupy_free(param, 0, 0); // null: nothing to do
+    // SAFETY: a block carve handed out and nothing uses, or a pointer it refuses untouched.
+    unsafe { carve_cupy_free(param, 0, 0) }; // null: nothing to do
     assert_eq!(carve_cupy_malloc(param, 0, 0), 0);
     assert_eq!(carve_cupy_malloc(-5, 64, 0), 0);
     assert!(last().contains("not live"), "{}", last());
@@ -376,7 +422,8 @@ fn cupy_symbols_record_sizes_and_refuse_bad_frees() {
     assert_ne!(q, 0);
     carve_resource_destroy(h);
     assert_eq!(carve_cupy_malloc(param, 64, 0), 0);
-    carve_cupy_free(param, q, 0);
+    // SAFETY: a block carve handed out and nothing uses, or a pointer it refuses untouched.
+    unsafe { carve_cupy_free(param, q, 0) };
 }
 
 #[test]
@@ -384,25 +431,31 @@ fn torch_slots_bind_resources_and_frees_follow_the_allocating_resource() {
     let a = host();
     let b = host();
     assert_eq!(carve_torch_bind_slot(3, a), OK);
-    let p = carve_torch_alloc_3(4096, 0, ptr::null_mut());
+    // SAFETY: the legacy default stream.
+    let p = unsafe { carve_torch_alloc_3(4096, 0, ptr::null_mut()) };
     assert!(!p.is_null(), "{}", last());
     assert_eq!(stat(a, "allocated_bytes"), 4096.0);
     // Rebinding the slot does not move the outstanding block.
     assert_eq!(carve_torch_bind_slot(3, b), OK);
-    carve_torch_free_3(p, 4096, 0, ptr::null_mut());
+    // SAFETY: a block carve handed out and nothing uses, or a pointer it refuses untouched.
+    unsafe { carve_torch_free_3(p, 4096, 0, ptr::null_mut()) };
     assert_eq!(stat(a, "allocated_bytes"), 0.0);
-    assert!(carve_torch_alloc_3(-1, 0, ptr::null_mut()).is_null());
+    // SAFETY: the legacy default stream.
+    assert!(unsafe { carve_torch_alloc_3(-1, 0, ptr::null_mut()) }.is_null());
     assert!(last().contains("negative size"), "{}", last());
-    assert!(carve_torch_alloc_3(0, 0, ptr::null_mut()).is_null());
+    // SAFETY: the legacy default stream.
+    assert!(unsafe { carve_torch_alloc_3(0, 0, ptr::null_mut()) }.is_null());
     assert_eq!(carve_torch_bind_slot(3, ptr::null_mut()), OK);
-    assert!(carve_torch_alloc_3(64, 0, ptr::null_mut()).is_null());
+    // SAFETY: the legacy default stream.
+    assert!(unsafe { carve_torch_alloc_3(64, 0, ptr::null_mut()) }.is_null());
     assert!(last().contains("no resource bound"), "{}", last());
     assert_eq!(carve_torch_bind_slot(16, a), INVALID_ARGUMENT);
     assert_eq!(carve_torch_bind_slot(-1, a), INVALID_ARGUMENT);
     let dead = host();
     carve_resource_destroy(dead);
     assert_eq!(carve_torch_bind_slot(4, dead), INVALID_HANDLE);
-    carve_torch_free(0x1234_5600 as *mut c_void, 64, 0, ptr::null_mut());
+    // SAFETY: a block carve handed out and nothing uses, or a pointer it refuses untouched.
+    unsafe { carve_torch_free(0x1234_5600 as *mut c_void, 64, 0, ptr::null_mut()) };
     assert!(last().contains("not allocated through carve"), "{}", last());
     carve_torch_reset();
     carve_resource_destroy(a);
@@ -413,12 +466,17 @@ fn torch_slots_bind_resources_and_frees_follow_the_allocating_resource() {
 fn onnx_runtime_symbols_use_the_bound_resource() {
     let mut pool = ptr::null_mut();
     let h = host();
-    assert_eq!(carve_pool_resource_create(h, 0, SIZE_NONE, &mut pool), OK);
+    assert_eq!(
+        // SAFETY: the output is writable.
+        unsafe { carve_pool_resource_create(h, 0, SIZE_NONE, &mut pool) },
+        OK
+    );
     assert_eq!(carve_ort_set_resource(pool), OK);
     let p = carve_ort_alloc(10_000);
     assert!(!p.is_null(), "{}", last());
     assert!(stat(pool, "bytes_in_use") >= 10_000.0);
-    carve_ort_free(p);
+    // SAFETY: a block carve handed out and nothing uses, or a pointer it refuses untouched.
+    unsafe { carve_ort_free(p) };
     assert_eq!(stat(pool, "bytes_in_use"), 0.0);
     carve_ort_empty_cache();
     assert_eq!(
@@ -459,48 +517,5 @@ fn a_panic_is_caught_at_the_boundary() {
 /// The header compiles with a C compiler and a C program sees the same error paths.
 #[test]
 fn c_program_links_and_checks_error_paths() {
-    let Ok(gcc) = which("cc") else {
-        eprintln!("SKIPPED: no C compiler (cc) on PATH");
-        return;
-    };
-    // target/<profile>/deps/c_abi-HASH -> target/<profile>/libcarve_capi.so
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let lib = profile_dir.join("libcarve_capi.so");
-    if !lib.exists() {
-        eprintln!("SKIPPED: {} was not built", lib.display());
-        return;
-    }
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap();
-    let out = std::env::temp_dir().join(format!("carve-c-abi-{}", std::process::id()));
-    let status = std::process::Command::new(gcc)
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&out)
-        .arg(root.join("capi/tests/c/error_paths.c"))
-        .arg("-I")
-        .arg(root.join("include"))
-        .arg(&lib)
-        .arg(format!("-Wl,-rpath,{}", profile_dir.display()))
-        .status()
-        .unwrap();
-    assert!(status.success(), "the C test failed to compile");
-    let run = std::process::Command::new(&out).output().unwrap();
-    std::fs::remove_file(&out).ok();
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    assert!(stdout.contains("all C checks passed"), "{stdout}");
-}
-
-fn which(name: &str) -> Result<std::path::PathBuf, ()> {
-    let path = std::env::var_os("PATH").ok_or(())?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-        .ok_or(())
+    harness::run_c("error_paths.c");
 }

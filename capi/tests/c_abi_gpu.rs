@@ -38,27 +38,32 @@ fn device_resources_allocate_on_streams_through_the_c_abi() {
     let dev = require_gpu!();
     let stream = dev.new_stream().unwrap();
     let raw: carve_stream_t = stream.as_ref().as_raw().cast();
-    let mut cuda = ptr::null_mut();
-    assert_eq!(carve_cuda_resource_create(0, &mut cuda), OK, "{}", last());
-    let mut pool = ptr::null_mut();
-    assert_eq!(
-        carve_pool_resource_create(cuda, 16 * MIB, 64 * MIB, &mut pool),
-        OK
+    let (mut cuda, mut pool, mut managed, mut asynch) = (
+        ptr::null_mut(),
+        ptr::null_mut(),
+        ptr::null_mut(),
+        ptr::null_mut(),
     );
-    let mut managed = ptr::null_mut();
-    assert_eq!(
-        carve_managed_resource_create(0, &mut managed),
-        OK,
-        "{}",
-        last()
-    );
-    let mut asynch = ptr::null_mut();
-    assert_eq!(
-        carve_async_resource_create(0, 0, SIZE_NONE, 4 * MIB, &mut asynch),
-        OK,
-        "{}",
-        last()
-    );
+    // SAFETY: each output is writable.
+    unsafe {
+        assert_eq!(carve_cuda_resource_create(0, &mut cuda), OK, "{}", last());
+        assert_eq!(
+            carve_pool_resource_create(cuda, 16 * MIB, 64 * MIB, &mut pool),
+            OK
+        );
+        assert_eq!(
+            carve_managed_resource_create(0, &mut managed),
+            OK,
+            "{}",
+            last()
+        );
+        assert_eq!(
+            carve_async_resource_create(0, 0, SIZE_NONE, 4 * MIB, &mut asynch),
+            OK,
+            "{}",
+            last()
+        );
+    }
     for (r, s) in [
         (cuda, ptr::null_mut()),
         (pool, raw),
@@ -83,11 +88,14 @@ fn device_resources_allocate_on_streams_through_the_c_abi() {
     assert!(last().contains("out of memory"), "{}", last());
     stream.synchronize().unwrap();
     let mut out = ptr::null_mut();
-    assert_eq!(carve_cuda_resource_create(4096, &mut out), NO_DEVICE);
-    assert_eq!(
-        carve_pinned_resource_create(0, 0x100, &mut out),
-        INVALID_ARGUMENT
-    );
+    // SAFETY: `out` is writable.
+    unsafe {
+        assert_eq!(carve_cuda_resource_create(4096, &mut out), NO_DEVICE);
+        assert_eq!(
+            carve_pinned_resource_create(0, 0x100, &mut out),
+            INVALID_ARGUMENT
+        );
+    }
     for r in [asynch, managed, pool, cuda] {
         assert_eq!(carve_resource_destroy(r), OK);
     }
@@ -96,13 +104,15 @@ fn device_resources_allocate_on_streams_through_the_c_abi() {
 #[test]
 fn framework_symbols_use_the_current_resource_on_a_device() {
     let _dev = require_gpu!();
-    let mut cuda = ptr::null_mut();
-    assert_eq!(carve_cuda_resource_create(0, &mut cuda), OK, "{}", last());
-    let mut pool = ptr::null_mut();
-    assert_eq!(
-        carve_pool_resource_create(cuda, 0, SIZE_NONE, &mut pool),
-        OK
-    );
+    let (mut cuda, mut pool) = (ptr::null_mut(), ptr::null_mut());
+    // SAFETY: both outputs are writable.
+    unsafe {
+        assert_eq!(carve_cuda_resource_create(0, &mut cuda), OK, "{}", last());
+        assert_eq!(
+            carve_pool_resource_create(cuda, 0, SIZE_NONE, &mut pool),
+            OK
+        );
+    }
     let mut previous = ptr::null_mut();
     // SAFETY: `previous` is writable.
     let code = unsafe { carve_set_current_resource(0, pool, &mut previous) };
@@ -115,21 +125,27 @@ fn framework_symbols_use_the_current_resource_on_a_device() {
     assert_eq!(kind, c"pool");
 
     let before = carve_framework_outstanding();
-    let t = carve_torch_alloc(3 * MIB as isize, 0, ptr::null_mut());
+    // SAFETY: the legacy default stream.
+    let t = unsafe { carve_torch_alloc(3 * MIB as isize, 0, ptr::null_mut()) };
     assert!(!t.is_null(), "{}", last());
     let c = carve_cupy_malloc(0, MIB, 0);
     assert_ne!(c, 0, "{}", last());
     let o = carve_ort_alloc(MIB);
     assert!(!o.is_null(), "{}", last());
     assert_eq!(carve_framework_outstanding(), before + 3);
-    carve_torch_free(t, 3 * MIB as isize, 0, ptr::null_mut());
-    carve_cupy_free(0, c, 0);
-    carve_ort_free(o);
+    // SAFETY: each block's one free; nothing uses them.
+    unsafe {
+        carve_torch_free(t, 3 * MIB as isize, 0, ptr::null_mut());
+        carve_cupy_free(0, c, 0);
+        carve_ort_free(o);
+    }
     assert_eq!(carve_framework_outstanding(), before);
 
     // A memory fraction turns large requests into null (PyTorch then reports out of memory).
     carve_torch_set_memory_fraction(1e-9, 0);
-    assert!(carve_torch_alloc(64 * MIB as isize, 0, ptr::null_mut()).is_null());
+    // SAFETY: the legacy default stream.
+    let refused = unsafe { carve_torch_alloc(64 * MIB as isize, 0, ptr::null_mut()) };
+    assert!(refused.is_null());
     assert!(last().contains("memory fraction"), "{}", last());
     carve_torch_set_memory_fraction(0.0, 0);
 

@@ -42,7 +42,8 @@ pub struct ArenaOptions {
     /// trips to the global arena, whose lock all threads share, at the cost of up to two
     /// superblocks (one in use, one spare) held per active arena.
     pub superblock_size: usize,
-    /// Number of per-thread arenas (0: twice the available parallelism).
+    /// Number of per-thread arenas (0: twice the available parallelism; at most
+    /// [`Self::MAX_ARENAS`]).
     pub arenas: usize,
     /// Options of the global arena (sizes, ordering).
     pub global: PoolOptions,
@@ -120,7 +121,7 @@ impl<R: MemoryResource> ArenaMemoryResource<R> {
         };
         let arenas = match options.arenas {
             0 => 2 * std::thread::available_parallelism().map_or(4, |n| n.get()),
-            n => n,
+            n => super::limits::count(NAME, "arenas", n, ArenaOptions::MAX_ARENAS)?,
         };
         let mut global_opts = options.global;
         let order = match &global_opts.order {

@@ -15,6 +15,7 @@ mod fixed_size;
 mod graph_safe;
 mod host;
 mod host_buffer;
+mod limits;
 mod pool;
 mod simulated;
 mod stream_order;

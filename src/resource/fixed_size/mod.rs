@@ -77,7 +77,7 @@ pub struct FixedSizeOptions {
     pub block_size: usize,
     /// Blocks fetched from the upstream per refill (0: about 4 MiB worth, 1 to 1024 blocks).
     pub blocks_per_refill: u32,
-    /// Most refills ever made (bounds the slab table; 0: 16384).
+    /// Most refills ever made (bounds the slab table; 0: 16384; at most [`Self::MAX_REFILLS`]).
     pub max_refills: usize,
     /// How streams are ordered; `None` picks by the upstream's properties.
     pub order: Option<Arc<dyn StreamOrder>>,
@@ -275,7 +275,7 @@ impl<R: MemoryResource> FixedSizeMemoryResource<R> {
         let index_limit = (NIL as usize - 1) / per_slab as usize;
         let max_slabs = match options.max_refills {
             0 => 16384,
-            n => n,
+            n => super::limits::count(NAME, "max_refills", n, FixedSizeOptions::MAX_REFILLS)?,
         }
         .min(index_limit);
         let order = match options.order {

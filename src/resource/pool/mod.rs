@@ -79,7 +79,7 @@ pub struct PoolOptions {
     /// device-accessible upstreams and nothing for host memory.
     pub order: Option<Arc<dyn StreamOrder>>,
     /// Shards (independent free lists, each behind its own lock) that streams are spread over;
-    /// 0: twice the available parallelism, at least 8.
+    /// 0: twice the available parallelism, at least 8; at most [`Self::MAX_SHARDS`].
     pub shards: usize,
 }
 
@@ -215,7 +215,7 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
         }
         let shards = match options.shards {
             0 => (2 * std::thread::available_parallelism().map_or(4, |n| n.get())).max(8),
-            n => n,
+            n => super::limits::count(NAME, "shards", n, PoolOptions::MAX_SHARDS)?,
         };
         let pool = PoolMemoryResource {
             inner: Arc::new(Inner {
