@@ -6,6 +6,7 @@
 #
 #   here:            ../shared/tools/gpu-stage        (stages .gpu/bin/*)
 #   GPU machine:     bash tests/gpu/sanitize.sh [BINARY_FILTER...]
+#   SANITIZE_TIMEOUT=SECS stops each binary-and-tool run after SECS (reported as rc=124).
 #
 # Default binaries: device_heap_gpu, divergent_warps_gpu, kernel_alloc_gpu, general_heap_gpu,
 # heap_growth_gpu, suballocators_gpu, foreign_heap, interop_cuda_cpp.
@@ -43,7 +44,7 @@ for f in "${filters[@]}"; do
       esac
       log="$logs/$name.$tool.log"
       start=$(date +%s)
-      compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 \
+      timeout "${SANITIZE_TIMEOUT:-0}" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 \
         --target-processes all "$exe" --test-threads=1 >"$log" 2>&1
       rc=$?
       secs=$(( $(date +%s) - start ))

@@ -53,6 +53,12 @@ def _clear_deferred():
 
 @pytest.fixture
 def gate():
+    # CUDA loads kernels lazily, and loading one waits for the device: a fill first launched
+    # behind a closed gate would wait for the gate forever. Load the tests' kernels now.
+    w = torch.empty(N, dtype=torch.uint8, device="cuda")
+    w.fill_(7)
+    int((w == 7).sum())
+    torch.cuda.synchronize()
     g = Gate()
     yield g
     g.open()
