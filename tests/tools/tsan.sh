@@ -4,7 +4,7 @@
 # pieces' thread tests, and the C ABI's destroy racing other threads' calls. The standard library
 # is rebuilt with the sanitizer (-Zbuild-std), so its locks and atomics are seen too.
 #
-#   bash tests/tools/tsan.sh            # about 15 minutes on 2 cores, most of it the build
+#   bash tests/tools/tsan.sh            # about 4 minutes on 2 cores, most of it the build
 #
 # Any reported race fails the run (halt_on_error).
 set -euo pipefail
