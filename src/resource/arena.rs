@@ -267,8 +267,16 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
         {
             let mut core = lock(arena);
             let index = &mut core.index;
-            if let Some(p) = allocate_from(index, order, stream, bytes, align, Reach::Events, None)?
-            {
+            if let Some(p) = allocate_from(
+                index,
+                order,
+                stream,
+                stream.id(),
+                bytes,
+                align,
+                Reach::Events,
+                None,
+            )? {
                 return Ok(p);
             }
             // At least half the arena is free, yet nothing fits, and other streams hold free
@@ -312,10 +320,17 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
             Err(e) if e.is_out_of_memory() => {
                 let mut core = lock(arena);
                 let reach = Reach::Synchronize;
-                Ok(
-                    allocate_from(&mut core.index, order, stream, bytes, align, reach, None)?
-                        .ok_or(e)?,
-                )
+                Ok(allocate_from(
+                    &mut core.index,
+                    order,
+                    stream,
+                    stream.id(),
+                    bytes,
+                    align,
+                    reach,
+                    None,
+                )?
+                .ok_or(e)?)
             }
             Err(e) => Err(e),
         }
@@ -363,6 +378,7 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
                 &*self.inner.order,
                 NAME,
                 stream,
+                stream.id(),
                 addr,
                 bytes,
                 false,

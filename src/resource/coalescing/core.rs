@@ -858,17 +858,19 @@ pub(crate) enum Reach {
 /// across streams never forces growth. No stream but `stream` is named to `order`'s driver
 /// calls. Each block is placed with `placer` when one is given ([`Placer`]), by best fit
 /// otherwise.
+// `id` comes with `stream`, taken once by the caller: a default stream's id asks the driver.
+#[allow(clippy::too_many_arguments)]
 #[inline]
 pub(crate) fn allocate_from(
     core: &mut PoolCore,
     order: &dyn StreamOrder,
     stream: StreamRef<'_>,
+    id: StreamId,
     bytes: usize,
     align: usize,
     reach: Reach,
     placer: Option<&dyn Placer>,
 ) -> Result<Option<NonNull<u8>>> {
-    let id = stream.id();
     if core.mark_every_free {
         core.allocs += 1;
         let t = core.tag(id);
@@ -906,21 +908,24 @@ pub(crate) fn allocate_from(
 
 /// Frees a block into `core`, sealing `stream`'s fresh blocks when a mark is due (or at once
 /// with `mark_now`, for a block whose core other streams allocate from).
+// `id` comes with `stream`, taken once by the caller: a default stream's id asks the driver.
+#[allow(clippy::too_many_arguments)]
 #[inline]
 pub(crate) fn free_into(
     core: &mut PoolCore,
     order: &dyn StreamOrder,
     name: &'static str,
     stream: StreamRef<'_>,
+    id: StreamId,
     ptr: usize,
     bytes: usize,
     mark_now: bool,
 ) -> Result<Option<EmptyChunk>> {
-    let freed = core.free(name, stream.id(), ptr, bytes)?;
+    let freed = core.free(name, id, ptr, bytes)?;
     // A failed mark only keeps the fresh blocks private to `stream` (others reach them after a
     // device-wide synchronisation), and the free itself is done: nothing to report.
     if (freed.mark_due || mark_now) && order.mark(stream).is_ok() {
-        core.seal(stream.id());
+        core.seal(id);
     }
     Ok(freed.empty)
 }
@@ -987,6 +992,7 @@ mod tests {
             &mut c,
             &order,
             s,
+            s.id(),
             2 * GRAIN,
             GRAIN,
             Reach::Synchronize,
@@ -1004,14 +1010,33 @@ mod tests {
         let order = RecordingOrder::new();
         let x = c.take(A.id(), GRAIN, GRAIN).unwrap();
         let _keep = c.take(A.id(), GRAIN, GRAIN).unwrap();
-        free_into(&mut c, &order, "t", A, x.as_ptr() as usize, GRAIN, false).unwrap();
+        free_into(
+            &mut c,
+            &order,
+            "t",
+            A,
+            A.id(),
+            x.as_ptr() as usize,
+            GRAIN,
+            false,
+        )
+        .unwrap();
         // Fresh on A: B may not wait on A's (older) mark for it.
         assert!(c.sealed_fit_elsewhere(B.id(), GRAIN, GRAIN).is_none());
         order.mark(A).unwrap();
         c.seal(A.id());
-        let p = allocate_from(&mut c, &order, B, GRAIN, GRAIN, Reach::Synchronize, None)
-            .unwrap()
-            .unwrap();
+        let p = allocate_from(
+            &mut c,
+            &order,
+            B,
+            B.id(),
+            GRAIN,
+            GRAIN,
+            Reach::Synchronize,
+            None,
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(
             order.events(),
             vec![
@@ -1034,15 +1059,24 @@ mod tests {
         let cycle = |c: &mut PoolCore| {
             for _ in 0..MARK_EVERY {
                 let p = c.take(A.id(), 300, GRAIN).unwrap();
-                free_into(c, &order, "t", A, p.as_ptr() as usize, 300, false).unwrap();
+                free_into(c, &order, "t", A, A.id(), p.as_ptr() as usize, 300, false).unwrap();
             }
         };
         cycle(&mut c);
         assert_eq!(order.events(), vec![], "no stream wants A's blocks");
         // B runs short (A's blocks are fresh: reaching them takes a synchronisation).
-        let p = allocate_from(&mut c, &order, B, 300, GRAIN, Reach::Synchronize, None)
-            .unwrap()
-            .unwrap();
+        let p = allocate_from(
+            &mut c,
+            &order,
+            B,
+            B.id(),
+            300,
+            GRAIN,
+            Reach::Synchronize,
+            None,
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(order.events(), vec![OrderEvent::SyncAll]);
         cycle(&mut c);
         cycle(&mut c);
@@ -1063,7 +1097,7 @@ mod tests {
         c.add_chunk(1 << 21, GRAIN, Some(B.id()));
         let order = RecordingOrder::new();
         let mut take = |s| {
-            let p = allocate_from(&mut c, &order, s, GRAIN, GRAIN, Reach::Events, None);
+            let p = allocate_from(&mut c, &order, s, s.id(), GRAIN, GRAIN, Reach::Events, None);
             p.unwrap().unwrap().as_ptr() as usize
         };
         let x = [take(A), take(A)];
@@ -1075,9 +1109,10 @@ mod tests {
     fn marking_every_free_hands_a_block_over_once_the_device_is_past_it() {
         let (mut c, [x, _]) = shared_core(true);
         let order = RecordingOrder::new();
-        free_into(&mut c, &order, "t", A, x, GRAIN, false).unwrap();
+        free_into(&mut c, &order, "t", A, A.id(), x, GRAIN, false).unwrap();
         assert_eq!(order.events(), vec![OrderEvent::Mark(A.id())]);
-        let p = allocate_from(&mut c, &order, B, GRAIN, GRAIN, Reach::Events, None).unwrap();
+        let p =
+            allocate_from(&mut c, &order, B, B.id(), GRAIN, GRAIN, Reach::Events, None).unwrap();
         assert_eq!(p.map(|p| p.as_ptr() as usize), Some(x));
         assert_eq!(
             order.events(),
@@ -1089,8 +1124,9 @@ mod tests {
         // Off (the default), the same free is not marked and B cannot reach the block.
         let (mut c, [x, _]) = shared_core(false);
         let order = RecordingOrder::new();
-        free_into(&mut c, &order, "t", A, x, GRAIN, false).unwrap();
-        let p = allocate_from(&mut c, &order, B, GRAIN, GRAIN, Reach::Events, None).unwrap();
+        free_into(&mut c, &order, "t", A, A.id(), x, GRAIN, false).unwrap();
+        let p =
+            allocate_from(&mut c, &order, B, B.id(), GRAIN, GRAIN, Reach::Events, None).unwrap();
         assert!(p.is_none());
         assert_eq!(order.events(), vec![]);
     }
@@ -1112,8 +1148,9 @@ mod tests {
             (y, vec![OrderEvent::Mark(A.id()), wait]),
         ] {
             let seen = order.events().len();
-            free_into(&mut c, &order, "t", A, p, GRAIN, false).unwrap();
-            let q = allocate_from(&mut c, &order, B, GRAIN, GRAIN, Reach::Events, None).unwrap();
+            free_into(&mut c, &order, "t", A, A.id(), p, GRAIN, false).unwrap();
+            let q = allocate_from(&mut c, &order, B, B.id(), GRAIN, GRAIN, Reach::Events, None)
+                .unwrap();
             assert_eq!(q.map(|q| q.as_ptr() as usize), Some(p));
             assert_eq!(order.events()[seen..], expected);
             c.check_invariants().unwrap();
@@ -1161,6 +1198,7 @@ mod tests {
                         &mut c,
                         &HostOrder,
                         s,
+                        s.id(),
                         bytes,
                         align,
                         Reach::Synchronize,
@@ -1176,7 +1214,7 @@ mod tests {
                     }
                 } else if !live.is_empty() {
                     let (p, bytes, _) = live.swap_remove(rng.random_range(0..live.len()));
-                    free_into(&mut c, &HostOrder, "t", s, p, bytes, false).unwrap();
+                    free_into(&mut c, &HostOrder, "t", s, s.id(), p, bytes, false).unwrap();
                 }
                 c.check_invariants().unwrap();
             }

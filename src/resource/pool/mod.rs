@@ -272,6 +272,7 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
                     global,
                     &*self.inner.order,
                     stream,
+                    stream.id(),
                     want,
                     GRAIN,
                     Reach::Events,
@@ -366,6 +367,7 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
         &self,
         i: usize,
         stream: StreamRef<'_>,
+        id: StreamId,
         addr: usize,
         bytes: usize,
         foreign: bool,
@@ -377,7 +379,7 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
         // is short of contiguous room take and return small slabs over and over. Slabs go back
         // only when the upstream is exhausted (`gather`) and in `release`.
         let order = &*self.inner.order;
-        match free_into(&mut core, order, NAME, stream, addr, bytes, foreign) {
+        match free_into(&mut core, order, NAME, stream, id, addr, bytes, foreign) {
             Ok(_) => Ok(true),
             Err(Error::UnknownPointer { .. }) => Ok(false),
             Err(e) => Err(e),
@@ -393,14 +395,23 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
     fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, GRAIN)?;
         let (_, needed) = footprint(bytes, align).ok_or(Error::SizeOverflow { bytes, align })?;
-        let shard = &self.inner.shards[self.inner.map.shard_of(stream.id())];
+        // Taken once: a default stream's id asks the driver for the current context.
+        let id = stream.id();
+        let shard = &self.inner.shards[self.inner.map.shard_of(id)];
         let order = &*self.inner.order;
         loop {
             let held = {
                 let mut core = lock(&shard.core);
-                if let Some(p) =
-                    allocate_from(&mut core, order, stream, bytes, align, Reach::Events, None)?
-                {
+                if let Some(p) = allocate_from(
+                    &mut core,
+                    order,
+                    stream,
+                    id,
+                    bytes,
+                    align,
+                    Reach::Events,
+                    None,
+                )? {
                     return Ok(p);
                 }
                 // At least half the shard is free, yet nothing fits, and other streams hold
@@ -412,13 +423,10 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
                 // end (a hundred times its live bytes). The shard's lock is held throughout, so
                 // no free slips in between the synchronisation and the merge.
                 let free = core.pool_size() - core.in_use();
-                if free >= needed
-                    && free >= core.pool_size() / 2
-                    && core.others_hold_free(stream.id())
-                {
+                if free >= needed && free >= core.pool_size() / 2 && core.others_hold_free(id) {
                     order.synchronize_all()?;
                     core.merge_all();
-                    if let Some(p) = core.take(stream.id(), bytes, align) {
+                    if let Some(p) = core.take(id, bytes, align) {
                         return Ok(p);
                     }
                 }
@@ -432,8 +440,8 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
                     // sees the slab handed out but held by no shard.
                     let mut core = lock(&shard.core);
                     drop(global);
-                    core.add_chunk(base, size, Some(stream.id()));
-                    if let Some(p) = core.take(stream.id(), bytes, align) {
+                    core.add_chunk(base, size, Some(id));
+                    if let Some(p) = core.take(id, bytes, align) {
                         return Ok(p);
                     }
                     // Another thread on this stream took the slab first: start over.
@@ -448,6 +456,7 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
                             &mut core,
                             order,
                             stream,
+                            id,
                             bytes,
                             align,
                             Reach::Events,
@@ -471,14 +480,15 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
         _align: usize,
     ) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
-        let mine = self.inner.map.shard_of(stream.id());
-        if self.free_in_shard(mine, stream, addr, bytes, false)? {
+        let id = stream.id();
+        let mine = self.inner.map.shard_of(id);
+        if self.free_in_shard(mine, stream, id, addr, bytes, false)? {
             return Ok(());
         }
         // Allocated on a stream of another shard.
         let n = self.inner.shards.len();
         for i in (1..n).map(|k| (mine + k) % n) {
-            if self.free_in_shard(i, stream, addr, bytes, true)? {
+            if self.free_in_shard(i, stream, id, addr, bytes, true)? {
                 return Ok(());
             }
         }

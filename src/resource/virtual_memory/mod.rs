@@ -386,11 +386,29 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
         let reach = Reach::Synchronize;
         let st = &mut *st;
         let place = Some(&st.pages as &dyn Placer);
-        let found = match allocate_from(&mut st.core, order, stream, bytes, align, reach, place)? {
+        let found = match allocate_from(
+            &mut st.core,
+            order,
+            stream,
+            stream.id(),
+            bytes,
+            align,
+            reach,
+            place,
+        )? {
             Some(p) => Some(p),
             None if self.extend(st, needed) => {
                 let place = Some(&st.pages as &dyn Placer);
-                allocate_from(&mut st.core, order, stream, bytes, align, reach, place)?
+                allocate_from(
+                    &mut st.core,
+                    order,
+                    stream,
+                    stream.id(),
+                    bytes,
+                    align,
+                    reach,
+                    place,
+                )?
             }
             None => None,
         };
