@@ -122,7 +122,13 @@ impl<R: MemoryResource> Inner<R> {
         };
         if plenty {
             self.demand.fetch_add(1, Ordering::Relaxed);
-            if let Some(i) = self.gather(slot)? {
+            // As many blocks as the stream has in use (at least a refill's worth): a stream
+            // that keeps running dry doubles its stock each time, and streams that are not
+            // short keep theirs instead of all allocating from the shared stack.
+            let want = slot.map_or(usize::MAX, |c| {
+                self.in_use_on(c).max(self.per_slab as usize)
+            });
+            if let Some(i) = self.gather(slot, want)? {
                 return Ok(Some(self.counted(slot, i)));
             }
             if moving() {
@@ -136,7 +142,7 @@ impl<R: MemoryResource> Inner<R> {
         };
         if !plenty {
             self.demand.fetch_add(1, Ordering::Relaxed);
-            if let Some(i) = self.gather(slot)? {
+            if let Some(i) = self.gather(slot, usize::MAX)? {
                 return Ok(Some(self.counted(slot, i)));
             }
         }
@@ -173,32 +179,95 @@ impl<R: MemoryResource> Inner<R> {
     }
 
     /// Detaches every other stream's blocks and the parked ones, waits for all device work,
-    /// and only then makes them free to any stream. A synchronisation that fails or panics puts
-    /// every chain back where it was.
-    fn gather(&self, mine: Option<Claimed<'_>>) -> Result<Option<u32>> {
+    /// and only then hands up to `want` of them to the caller's stream (to every stream if it
+    /// has no slot); the rest go back to the streams they came from (parked ones to every
+    /// stream). A synchronisation that fails or panics puts every chain back where it was.
+    fn gather(&self, mine: Option<Claimed<'_>>, want: usize) -> Result<Option<u32>> {
         let mut taken = Detached {
             inner: self,
             chains: Vec::new(),
         };
+        // Per stack: whether its stream has blocks in use (it gets back what the caller leaves).
         let stacks = self
             .slots
             .iter()
-            .filter(|s| !mine.is_some_and(|m| ptr::eq(*s, m.slot)))
-            .flat_map(|s| [&s.fresh, &s.sealed])
-            .chain([&self.parked]);
-        for stack in stacks {
+            .enumerate()
+            .filter(|(_, s)| !mine.is_some_and(|m| ptr::eq(*s, m.slot)))
+            .flat_map(|(i, s)| {
+                let busy = self.in_use_at(i) > 0;
+                [(&s.fresh, busy), (&s.sealed, busy)]
+            })
+            .chain([(&self.parked, false)]);
+        let mut busy = Vec::new();
+        for (stack, b) in stacks {
             if let Some(first) = stack.take_all() {
                 taken.chains.push((stack, first, chain_tail(self, first)));
+                busy.push(b);
             }
         }
         if taken.chains.is_empty() {
             return Ok(None);
         }
         self.order.synchronize_all()?;
-        for (_, first, last) in std::mem::take(&mut taken.chains) {
-            self.ready.push_chain(self, first, last);
+        // Under the refill lock the caller's slot cannot change stream, and no stack closes.
+        let to = mine.map_or(&self.ready, |m| &m.slot.fresh);
+        let mut left = want.max(1);
+        let mut chains: Vec<_> = std::mem::take(&mut taken.chains)
+            .into_iter()
+            .zip(busy)
+            .collect();
+        // Blocks of streams with nothing in use (which may be gone) and parked ones go to every
+        // stream, and count towards the caller's share; then the caller takes the rest of its
+        // share from busy streams, which keep what it leaves.
+        chains.sort_by_key(|&(_, busy)| busy);
+        for ((from, first, last), busy) in chains {
+            if !busy {
+                left = left.saturating_sub(self.chain_len(first, last));
+                self.ready.push_chain(self, first, last);
+                continue;
+            }
+            if left == 0 {
+                from.push_chain(self, first, last);
+                continue;
+            }
+            let (mut cut, mut n) = (first, 1);
+            while n < left && cut != last {
+                cut = self.next(cut).load(Ordering::Relaxed);
+                n += 1;
+            }
+            let rest = self.next(cut).load(Ordering::Relaxed);
+            to.push_chain(self, first, cut);
+            if cut != last {
+                from.push_chain(self, rest, last);
+            }
+            left -= n;
         }
-        Ok(self.ready.pop(self))
+        Ok(self.ready.pop(self).or_else(|| to.pop(self)))
+    }
+
+    /// Blocks in the detached chain `first -> ... -> last`.
+    fn chain_len(&self, first: u32, last: u32) -> usize {
+        let (mut at, mut n) = (first, 1);
+        while at != last {
+            at = self.next(at).load(Ordering::Relaxed);
+            n += 1;
+        }
+        n
+    }
+
+    fn in_use_on(&self, c: Claimed<'_>) -> usize {
+        self.in_use_at(c.i)
+    }
+
+    /// Blocks in use on slot `i`'s stream by its own counters (0 if frees there outnumber
+    /// allocations, as when blocks allocated elsewhere are freed on it).
+    fn in_use_at(&self, i: usize) -> usize {
+        let allocs = self.slots[i].allocs.load(Ordering::Relaxed);
+        let frees = self.slots[i].frees.load(Ordering::Relaxed);
+        match allocs.wrapping_sub(frees) {
+            d if d <= self.total_blocks() => d,
+            _ => 0,
+        }
     }
 
     /// A new slab from the upstream, allocated on `stream`. Its spare blocks go to the stream's

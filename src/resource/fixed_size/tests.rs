@@ -138,3 +138,48 @@ fn a_new_stream_takes_over_a_slot_whose_stacks_are_empty() {
     mr.check_invariants().unwrap();
     assert_eq!(mr.stats().blocks_in_use, 0);
 }
+
+/// A stream that runs dry while another holds many free blocks takes a share of them (as many
+/// as it has in use, at least a refill's worth) after one device-wide synchronisation; the
+/// other stream, still using blocks, keeps the rest on its own stacks rather than every stream
+/// allocating through the shared one.
+#[test]
+fn a_short_stream_takes_a_share_and_a_busy_stream_keeps_the_rest() {
+    use crate::resource::{CountingOrder, HostOrder};
+    use std::sync::Arc;
+    let order = Arc::new(CountingOrder::new(Arc::new(HostOrder)));
+    let opts = FixedSizeOptions::new(256)
+        .blocks_per_refill(8)
+        .order(order.clone());
+    let mr = FixedSizeMemoryResource::new(HostMemoryResource::new(), opts).unwrap();
+    let (a, b) = (StreamRef::simulated(1), StreamRef::simulated(2));
+    let mut held: Vec<_> = (0..64).map(|_| mr.allocate(a, 256, 256).unwrap()).collect();
+    for p in held.drain(4..) {
+        // SAFETY: allocated above on `mr`, freed once.
+        unsafe { mr.deallocate(a, p, 256, 256).unwrap() };
+    }
+    let p = mr.allocate(b, 256, 256).unwrap();
+    assert_eq!(order.counts().device_synchronizations, 1);
+    assert_eq!(
+        mr.stats().slabs,
+        8,
+        "a slab was taken while 60 blocks were free"
+    );
+    let inner = &*mr.inner;
+    let count = |s: &super::TaggedStack| s.snapshot(inner, 64).len();
+    let slot = |s| inner.slot_of(s).unwrap().slot;
+    let kept = count(&slot(a).fresh) + count(&slot(a).sealed);
+    let taken = count(&slot(b).fresh) + count(&slot(b).sealed);
+    assert_eq!(
+        (kept, taken, count(&inner.ready)),
+        (52, 7, 0),
+        "(blocks stream a kept, stream b took, on the shared stack)"
+    );
+    // SAFETY: as above.
+    unsafe { mr.deallocate(b, p, 256, 256).unwrap() };
+    for p in held {
+        // SAFETY: as above.
+        unsafe { mr.deallocate(a, p, 256, 256).unwrap() };
+    }
+    mr.check_invariants().unwrap();
+}
