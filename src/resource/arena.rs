@@ -263,36 +263,29 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
         }
         let arena = &self.inner.arenas[self.my_arena()];
         let order = &*self.inner.order;
+        // Taken once, outside the lock: a default stream's id asks the driver.
+        let id = stream.id();
         let (_, needed) = footprint(bytes, align).ok_or(Error::SizeOverflow { bytes, align })?;
         {
             let mut core = lock(arena);
             let index = &mut core.index;
-            if let Some(p) = allocate_from(
-                index,
-                order,
-                stream,
-                stream.id(),
-                bytes,
-                align,
-                Reach::Events,
-                None,
-            )? {
+            if let Some(p) =
+                allocate_from(index, order, stream, id, bytes, align, Reach::Events, None)?
+            {
                 return Ok(p);
             }
             // At least half the arena is free, yet nothing fits, and other streams hold free
             // memory (blocks freed on one stream merge only with that stream's, and reach
-            // others only through an event or a synchronisation). Merging it after one synchronisation bounds what the arena
-            // holds (see the type's docs); growing instead held twenty times the live bytes
-            // when threads freed each other's blocks. The lock is held from the
-            // synchronisation to the merge, so no free slips in between.
+            // others only through an event or a synchronisation). Merging it after one
+            // synchronisation bounds what the arena holds (see the type's docs); growing
+            // instead held twenty times the live bytes when threads freed each other's blocks.
+            // The lock is held from the synchronisation to the merge, so no free slips in
+            // between.
             let free = index.pool_size() - index.in_use();
-            if free >= needed
-                && free >= index.pool_size() / 2
-                && index.others_hold_free(stream.id())
-            {
+            if free >= needed && free >= index.pool_size() / 2 && index.others_hold_free(id) {
                 order.synchronize_all()?;
                 index.merge_all();
-                if let Some(p) = index.take(stream.id(), bytes, align) {
+                if let Some(p) = index.take(id, bytes, align) {
                     return Ok(p);
                 }
             }
@@ -307,10 +300,9 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
         match self.inner.global.allocate(stream, sb, GRAIN) {
             Ok(base) => {
                 let mut core = lock(arena);
+                core.index.add_chunk(base.as_ptr() as usize, sb, Some(id));
                 core.index
-                    .add_chunk(base.as_ptr() as usize, sb, Some(stream.id()));
-                core.index
-                    .take(stream.id(), bytes, align)
+                    .take(id, bytes, align)
                     .ok_or_else(|| Error::OutOfMemory {
                         bytes,
                         resource: NAME,
@@ -324,7 +316,7 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
                     &mut core.index,
                     order,
                     stream,
-                    stream.id(),
+                    id,
                     bytes,
                     align,
                     reach,
@@ -365,6 +357,7 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
         let mine = self.my_arena();
         let n = self.inner.arenas.len();
         // Usually the allocating thread frees; otherwise search the other arenas.
+        let id = stream.id();
         let mut first_err = None;
         for i in (0..n).map(|k| (mine + k) % n) {
             let arena = &self.inner.arenas[i];
@@ -378,7 +371,7 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
                 &*self.inner.order,
                 NAME,
                 stream,
-                stream.id(),
+                id,
                 addr,
                 bytes,
                 false,
@@ -396,7 +389,7 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
                         return Ok(());
                     }
                     drop(core);
-                    return self.give_back(arena, empty.base, Some(stream.id()), stream);
+                    return self.give_back(arena, empty.base, Some(id), stream);
                 }
                 Ok(None) => return Ok(()),
                 Err(e) if i == mine => first_err = Some(e),
