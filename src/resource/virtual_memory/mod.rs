@@ -17,7 +17,7 @@
 //! the free blocks that fit are weighed by the pages they would map, and the block goes where
 //! the fewest are missing (free space on mapped pages first); when a move is due all the same,
 //! its synchronisation comes first and opens other streams' free blocks to the search (see
-//! BENCHMARKS.md, "simulated, no GPU", for the counts on training traces).
+//! BENCHMARKS.md, "Why it is built this way", for the counts on training traces).
 //! [`trim`](VirtualMemoryResource::trim) unmaps and frees every free page.
 //!
 //! Two modes:
