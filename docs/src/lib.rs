@@ -128,6 +128,13 @@ pub fn two_gpus(why: &str) -> Result<Option<(Device, Device)>, Box<dyn Error>> {
     Ok(Some((Device::get(0)?, Device::get(1)?)))
 }
 
+/// Serialises the examples that change a device's current resource (tests run in parallel in
+/// one process, and the current resource is process-wide). Examples take it in a hidden line.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Prints the skip line on the process's stderr, past the test harness's capture.
 fn skip(reason: &str) {
     let _ = writeln!(std::io::stderr(), "SKIPPED {}: {reason}", example_name());
