@@ -23,7 +23,10 @@ fn main() {
     for path in &chapters {
         let text = std::fs::read_to_string(path)
             .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-        let stem = path.file_stem().and_then(|s| s.to_str()).expect("a UTF-8 name");
+        let stem = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .expect("a UTF-8 name");
         let prefix = format!("ch{}", stem.replace('-', "_"));
         for (index, block) in rust_blocks(&text).into_iter().enumerate() {
             let name = format!("{prefix}_{}", index + 1);
@@ -63,11 +66,14 @@ fn rust_blocks(text: &str) -> Vec<Block> {
             None => {
                 if let Some(info) = trimmed.strip_prefix("```") {
                     let fence = "`".repeat(3 + info.chars().take_while(|&c| c == '`').count());
-                    open = Some((rust_mode(info).map(|mode| Block {
-                        line: i + 1,
-                        mode,
-                        code: String::new(),
-                    }), fence));
+                    open = Some((
+                        rust_mode(info).map(|mode| Block {
+                            line: i + 1,
+                            mode,
+                            code: String::new(),
+                        }),
+                        fence,
+                    ));
                 }
             }
             Some((block, fence)) => {
@@ -125,15 +131,25 @@ fn unhide(line: &str) -> &str {
 
 fn write_example(out: &mut String, name: &str, source: &str, code: &str, run: bool) {
     let has_main = code.contains("fn main(");
-    let attr = if run { "#[test]" } else { "#[allow(dead_code)]" };
+    let attr = if run {
+        "#[test]"
+    } else {
+        "#[allow(dead_code)]"
+    };
     let indented: String = code.lines().fold(String::new(), |mut s, l| {
         let _ = writeln!(s, "        {l}");
         s
     });
-    let _ = writeln!(out, "/// {source}\n{attr}\nfn {name}() -> carve_guide::ExampleResult {{");
+    let _ = writeln!(
+        out,
+        "/// {source}\n{attr}\nfn {name}() -> carve_guide::ExampleResult {{"
+    );
     let _ = writeln!(out, "    carve_guide::enter({name:?});");
     if has_main {
-        let _ = write!(out, "    {{\n{indented}        carve_guide::finish(main())\n    }}\n");
+        let _ = write!(
+            out,
+            "    {{\n{indented}        carve_guide::finish(main())\n    }}\n"
+        );
     } else {
         let _ = write!(
             out,

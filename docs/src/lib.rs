@@ -120,9 +120,15 @@ pub fn two_gpus(why: &str) -> Result<Option<(Device, Device)>, Box<dyn Error>> {
     };
     if count < 2 {
         if std::env::var_os("CARVE_REQUIRE_GPUS").is_some_and(|v| v == "2") {
-            return Err(format!("{}: CARVE_REQUIRE_GPUS=2 but {count} GPU(s)", example_name()).into());
+            return Err(format!(
+                "{}: CARVE_REQUIRE_GPUS=2 but {count} GPU(s)",
+                example_name()
+            )
+            .into());
         }
-        skip(&format!("needs two GPUs, found {count}; it needs them for {why}"));
+        skip(&format!(
+            "needs two GPUs, found {count}; it needs them for {why}"
+        ));
         return Ok(None);
     }
     Ok(Some((Device::get(0)?, Device::get(1)?)))
@@ -132,7 +138,8 @@ pub fn two_gpus(why: &str) -> Result<Option<(Device, Device)>, Box<dyn Error>> {
 /// one process, and the current resource is process-wide). Examples take it in a hidden line.
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Prints the skip line on the process's stderr, past the test harness's capture.
