@@ -2,8 +2,9 @@
 //! which `tests/guide.rs` includes.
 //!
 //! Lines starting with `# ` are code that rustdoc hides, as in doctests. A block becomes the body
-//! of a function returning `Result<(), Box<dyn Error>>`, or, when it defines `fn main`, that
-//! `main` is called. Blocks marked `ignore` are shown only; `no_run` ones are compiled, not run.
+//! of a function returning `Result<(), Box<dyn Error>>`, followed by `Ok(())` (so `?` works and
+//! a block ends as a reader would write it), or, when it defines `fn main`, that `main` is
+//! called. Blocks marked `ignore` are shown only; `no_run` ones are compiled, not run.
 //! Tests are named after the chapter file and the block's index among its ```rust blocks:
 //! `ch02_memory_resources_3` is the third one of `02-memory-resources.md`.
 
@@ -153,8 +154,8 @@ fn write_example(out: &mut String, name: &str, source: &str, code: &str, run: bo
     } else {
         let _ = write!(
             out,
-            "    fn example() -> carve_guide::ExampleResult {{\n{indented}        \
-             #[allow(unreachable_code)]\n        Ok(())\n    }}\n    example()\n"
+            "    fn example() -> carve_guide::ExampleResult {{\n{indented}        Ok(())\n    }}\n    \
+             example()\n"
         );
     }
     let _ = writeln!(out, "}}\n");
