@@ -180,7 +180,11 @@ impl Resource {
     }
 
     fn __repr__(&self) -> String {
-        format!("<carve {} resource {:#x}>", self.entry.kind_str(), self.handle)
+        format!(
+            "<carve {} resource {:#x}>",
+            self.entry.kind_str(),
+            self.handle
+        )
     }
 }
 
