@@ -75,8 +75,8 @@ pub use error::{Error, Result};
 pub use heap::{DeviceHeap, HeapStats};
 pub use resource::{
     ArenaMemoryResource, BinningMemoryResource, CudaMemoryResource, FixedSizeMemoryResource,
-    HostMemoryResource, MemoryResource, PoolMemoryResource, Properties, SharedResource,
-    SimulatedMemoryResource,
+    HostMemoryResource, MemoryResource, MemoryStats, PoolMemoryResource, Properties,
+    SharedResource, SimulatedMemoryResource,
 };
 pub use resource::{
     AsyncMemoryResource, AsyncPoolOptions, Location, ManagedBuffer, ManagedMemoryResource,

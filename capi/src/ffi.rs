@@ -335,29 +335,9 @@ pub unsafe extern "C" fn carve_logging_adaptor_create(
 /// `carve_resource_kind`: the kind's name ("pool", "cuda", ...), static; null on a bad handle.
 #[no_mangle]
 pub extern "C" fn carve_resource_kind(r: carve_resource_t) -> *const c_char {
-    let kind = crate::error::catch(|| Ok(entry(r)?.kind)).ok();
-    match kind {
-        Some(k) => kind_cstr(k).as_ptr(),
-        None => std::ptr::null(),
-    }
-}
-
-fn kind_cstr(kind: &str) -> &'static CStr {
-    match kind {
-        "cuda" => c"cuda",
-        "managed" => c"managed",
-        "pinned" => c"pinned",
-        "async" => c"async",
-        "host" => c"host",
-        "pool" => c"pool",
-        "binning" => c"binning",
-        "arena" => c"arena",
-        "fixed_size" => c"fixed_size",
-        "limiting" => c"limiting",
-        "statistics" => c"statistics",
-        "tracking" => c"tracking",
-        "logging" => c"logging",
-        _ => c"current",
+    match crate::error::catch(|| Ok(entry(r)?.kind)) {
+        Ok(k) => k.as_ptr(),
+        Err(_) => std::ptr::null(),
     }
 }
 

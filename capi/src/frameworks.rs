@@ -4,7 +4,8 @@
 //!   `void free(void*, ssize_t, int, cudaStream_t)`. [`carve_torch_alloc`] uses the device's
 //!   current carve resource; `carve_torch_alloc_N` (N = 0..15) use the resource bound to slot N
 //!   with [`carve_torch_bind_slot`], so several `torch.cuda.MemPool`s can each have their own.
-//!   Optional hooks: [`carve_torch_reset`] (release) and [`carve_torch_set_memory_fraction`].
+//!   Optional hooks: [`carve_torch_reset`] (release) and [`carve_torch_set_memory_fraction`]
+//!   (a [`LimitBudget`] per device that every torch allocation on it counts against).
 //! - CuPy `CFunctionAllocator`: `intptr_t malloc(intptr_t param, size_t, int)` and
 //!   `void free(intptr_t param, intptr_t, int)`; `param` is a resource handle (0: current).
 //! - ONNX Runtime CUDA EP `gpu_external_alloc/free/empty_cache`: `void* (size_t)`,
@@ -19,29 +20,27 @@
 use std::collections::HashMap;
 use std::ffi::{c_double, c_int, c_void};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError, RwLock};
 
+use carve::adaptor::{LimitBudget, LimitingResourceAdaptor};
 use carve::resource::DEFAULT_ALIGNMENT;
-use carve::{Device, StreamRef};
+use carve::{Device, SharedResource, StreamRef};
 
 use crate::error::{catch, Code, FfiError, FfiResult};
 use crate::ffi::{carve_resource_t, handle_of};
+use crate::make;
 use crate::registry::{self, Entry};
-use crate::{current, make};
 
 /// Number of PyTorch slots (`carve_torch_alloc_0` .. `carve_torch_alloc_15`).
 pub const TORCH_SLOTS: usize = 16;
 const MAX_DEVICES: usize = 64;
 const SHARDS: usize = 32;
 
-/// A block handed to a framework.
+/// A block handed to a framework, with the resource that frees it.
 #[derive(Debug)]
 struct Block {
-    entry: Arc<Entry>,
+    resource: SharedResource,
     size: usize,
-    device: usize,
-    torch: bool,
 }
 
 /// Blocks handed to frameworks, by address (sharded to keep threads apart).
@@ -63,28 +62,17 @@ impl Outstanding {
     }
 }
 
-/// Allocates `size` bytes from `entry` on `stream` and records the block.
+/// Allocates `size` bytes from `resource` on `stream` and records the block.
 fn alloc_recorded(
-    entry: Arc<Entry>,
+    resource: SharedResource,
     size: usize,
     stream: StreamRef<'_>,
-    device: usize,
-    torch: bool,
 ) -> FfiResult<*mut c_void> {
-    let p = entry.resource.allocate(stream, size, DEFAULT_ALIGNMENT)?;
+    let p = resource.allocate(stream, size, DEFAULT_ALIGNMENT)?;
     let addr = p.as_ptr() as usize;
-    OUTSTANDING.shard(addr).insert(
-        addr,
-        Block {
-            entry,
-            size,
-            device,
-            torch,
-        },
-    );
-    if torch {
-        torch_bytes(device).fetch_add(size, Ordering::Relaxed);
-    }
+    OUTSTANDING
+        .shard(addr)
+        .insert(addr, Block { resource, size });
     Ok(p.as_ptr().cast())
 }
 
@@ -100,22 +88,15 @@ fn free_recorded(ptr: *mut c_void, stream: StreamRef<'_>) -> FfiResult<()> {
             format!("pointer {addr:#x} was not allocated through carve's framework allocators (or was freed already)"),
         )
     })?;
-    if block.torch {
-        torch_bytes(block.device).fetch_sub(block.size, Ordering::Relaxed);
-    }
-    // SAFETY: the block was allocated from this entry with this size and alignment, and was
-    // just removed from the table, so it is freed once.
+    // SAFETY: the block was allocated from this resource with this size and alignment, and
+    // was just removed from the table, so it is freed once.
     let freed = unsafe {
         block
-            .entry
             .resource
             .deallocate(stream, p, block.size, DEFAULT_ALIGNMENT)
     };
     if let Err(e) = freed {
         // Keep the record: the resource still owns the block, so a later free may succeed.
-        if block.torch {
-            torch_bytes(block.device).fetch_add(block.size, Ordering::Relaxed);
-        }
         OUTSTANDING.shard(addr).insert(addr, block);
         return Err(e.into());
     }
@@ -152,12 +133,16 @@ unsafe fn stream_of<'a>(stream: *mut c_void) -> StreamRef<'a> {
 
 static TORCH_SLOT: [RwLock<Option<Arc<Entry>>>; TORCH_SLOTS] =
     [const { RwLock::new(None) }; TORCH_SLOTS];
-static TORCH_BYTES: [AtomicUsize; MAX_DEVICES] = [const { AtomicUsize::new(0) }; MAX_DEVICES];
-/// Per-device memory fraction as `f64` bits; 0 means none.
-static TORCH_FRACTION: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// Per device, the budget every torch allocation counts against: unlimited until a memory
+/// fraction is set. Counted in exact bytes, as PyTorch counts.
+static TORCH_BUDGET: LazyLock<Vec<LimitBudget>> = LazyLock::new(|| {
+    (0..MAX_DEVICES)
+        .map(|_| LimitBudget::new(usize::MAX, 1).expect("1 is a power of two"))
+        .collect()
+});
 
-fn torch_bytes(device: usize) -> &'static AtomicUsize {
-    &TORCH_BYTES[device % MAX_DEVICES]
+fn torch_budget(device: usize) -> &'static LimitBudget {
+    &TORCH_BUDGET[device % MAX_DEVICES]
 }
 
 /// Binds slot `slot` to `entry` (None: unbinds). Blocks already handed out keep freeing
@@ -179,21 +164,27 @@ pub fn torch_slot(slot: usize) -> Option<Arc<Entry>> {
         .clone()
 }
 
-fn check_fraction(device: usize, size: usize) -> FfiResult<()> {
-    let bits = TORCH_FRACTION[device % MAX_DEVICES].load(Ordering::Relaxed);
-    if bits == 0 {
-        return Ok(());
-    }
-    let total = carve::current::mem_info(device)?.total;
-    let cap = (f64::from_bits(bits) * total as f64) as usize;
-    let used = torch_bytes(device).load(Ordering::Relaxed);
-    if used.saturating_add(size) > cap {
-        return Err(FfiError::new(
-            Code::OutOfMemory,
-            format!("out of memory: {size} bytes requested on device {device}, {used} in use, memory fraction allows {cap}"),
-        ));
-    }
-    Ok(())
+/// Allocates from `resource` through `device`'s torch budget; a refusal by the budget names the
+/// memory fraction.
+fn torch_alloc_from(
+    resource: SharedResource,
+    size: usize,
+    stream: StreamRef<'_>,
+    device: usize,
+) -> FfiResult<*mut c_void> {
+    let budget = torch_budget(device);
+    let limited = LimitingResourceAdaptor::with_budget(resource, budget.clone());
+    alloc_recorded(Arc::new(limited), size, stream).map_err(|e| {
+        let (used, cap) = (budget.allocated_bytes(), budget.limit());
+        if e.code == Code::OutOfMemory && used.saturating_add(size) > cap {
+            FfiError::new(
+                Code::OutOfMemory,
+                format!("out of memory: {size} bytes requested on device {device}, {used} in use, memory fraction allows {cap}"),
+            )
+        } else {
+            e
+        }
+    })
 }
 
 /// # Safety
@@ -210,20 +201,22 @@ unsafe fn torch_alloc(
             return Ok(std::ptr::null_mut());
         }
         let device = device(dev)?;
-        check_fraction(device, size)?;
-        let entry = match slot {
-            None => current::get(device)?,
-            Some(s) => torch_slot(s).ok_or_else(|| {
-                FfiError::new(
-                    Code::InvalidHandle,
-                    format!("torch slot {s} has no resource bound"),
-                )
-            })?,
+        let resource = match slot {
+            None => carve::current::get(device)?,
+            Some(s) => torch_slot(s)
+                .ok_or_else(|| {
+                    FfiError::new(
+                        Code::InvalidHandle,
+                        format!("torch slot {s} has no resource bound"),
+                    )
+                })?
+                .resource
+                .clone(),
         };
         // SAFETY: the caller passes a stream valid for this call, which is all the handle is
         // used for.
         let stream = unsafe { stream_of(stream) };
-        alloc_recorded(entry, size, stream, device, true)
+        torch_alloc_from(resource, size, stream, device)
     })
     .unwrap_or(std::ptr::null_mut())
 }
@@ -336,12 +329,13 @@ pub extern "C" fn carve_torch_reset() {
 pub extern "C" fn carve_torch_set_memory_fraction(fraction: c_double, device: c_int) {
     let _ = catch(|| {
         let d = self::device(device)?;
-        let bits = if fraction > 0.0 && fraction <= 1.0 {
-            fraction.to_bits()
+        let limit = if fraction > 0.0 && fraction <= 1.0 {
+            let total = carve::current::mem_info(d)?.total;
+            (fraction * total as f64) as usize
         } else {
-            0
+            usize::MAX
         };
-        TORCH_FRACTION[d % MAX_DEVICES].store(bits, Ordering::Relaxed);
+        torch_budget(d).set_limit(limit);
         Ok(())
     });
 }
@@ -357,12 +351,12 @@ pub extern "C" fn carve_cupy_malloc(param: isize, size: usize, dev: c_int) -> is
             return Ok(0);
         }
         let device = device(dev)?;
-        let entry = if param == 0 {
-            current::get(device)?
+        let resource = if param == 0 {
+            carve::current::get(device)?
         } else {
-            registry::get(param as u64)?
+            registry::get(param as u64)?.resource.clone()
         };
-        let p = alloc_recorded(entry, size, StreamRef::DEFAULT, device, false)?;
+        let p = alloc_recorded(resource, size, StreamRef::DEFAULT)?;
         Ok(p as isize)
     })
     .unwrap_or(0)
@@ -402,12 +396,11 @@ pub extern "C" fn carve_ort_set_resource(r: carve_resource_t) -> c_int {
     })
 }
 
-fn ort_entry() -> FfiResult<(Arc<Entry>, usize)> {
-    if let Some(e) = ORT.read().unwrap_or_else(PoisonError::into_inner).clone() {
-        return Ok((e, 0));
+fn ort_resource() -> FfiResult<SharedResource> {
+    if let Some(e) = ORT.read().unwrap_or_else(PoisonError::into_inner).as_ref() {
+        return Ok(e.resource.clone());
     }
-    let device = Device::current()?.ordinal();
-    Ok((current::get(device)?, device))
+    Ok(carve::current::get(Device::current()?.ordinal())?)
 }
 
 /// ONNX Runtime `gpu_external_alloc`.
@@ -417,8 +410,7 @@ pub extern "C" fn carve_ort_alloc(size: usize) -> *mut c_void {
         if size == 0 {
             return Ok(std::ptr::null_mut());
         }
-        let (entry, device) = ort_entry()?;
-        alloc_recorded(entry, size, StreamRef::DEFAULT, device, false)
+        alloc_recorded(ort_resource()?, size, StreamRef::DEFAULT)
     })
     .unwrap_or(std::ptr::null_mut())
 }
@@ -437,8 +429,8 @@ pub unsafe extern "C" fn carve_ort_free(ptr: *mut c_void) {
 #[no_mangle]
 pub extern "C" fn carve_ort_empty_cache() {
     let _ = catch(|| {
-        if let Ok((entry, _)) = ort_entry() {
-            let _ = make::release(&entry);
+        if let Ok(resource) = ort_resource() {
+            let _ = resource.release_unused();
         }
         Ok(())
     });

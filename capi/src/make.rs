@@ -15,7 +15,7 @@ use carve::{
 };
 
 use crate::error::{FfiError, FfiResult};
-use crate::registry::{Entry, Typed};
+use crate::registry::Entry;
 
 /// `CARVE_PINNED_PORTABLE`.
 pub const PINNED_PORTABLE: u32 = 1;
@@ -31,17 +31,13 @@ fn up(upstream: &Entry) -> SharedResource {
 /// `cuMemAlloc` on device `device`.
 pub fn cuda(device: usize) -> FfiResult<Arc<Entry>> {
     let r = CudaMemoryResource::on(device)?;
-    Ok(Entry::new("cuda", Arc::new(r), Typed::Plain))
+    Ok(Entry::new(c"cuda", Arc::new(r)))
 }
 
 /// Managed memory (`cuMemAllocManaged`) on device `device`.
 pub fn managed(device: usize) -> FfiResult<Arc<Entry>> {
     let r = ManagedMemoryResource::on(device)?;
-    Ok(Entry::new(
-        "managed",
-        Arc::new(r.clone()),
-        Typed::Managed(r),
-    ))
+    Ok(Entry::new(c"managed", Arc::new(r)))
 }
 
 /// Pinned host memory; `flags` is a mask of the `PINNED_*` bits.
@@ -57,7 +53,7 @@ pub fn pinned(device: usize, flags: u32) -> FfiResult<Arc<Entry>> {
         write_combined: flags & PINNED_WRITE_COMBINED != 0,
     };
     let r = PinnedHostMemoryResource::new(&Device::get(device)?, f)?;
-    Ok(Entry::new("pinned", Arc::new(r.clone()), Typed::Pinned(r)))
+    Ok(Entry::new(c"pinned", Arc::new(r)))
 }
 
 /// A new driver pool (`cuMemPoolCreate`) on `device`.
@@ -74,13 +70,17 @@ pub fn async_pool(
         ipc_export: false,
     };
     let r = AsyncMemoryResource::on(device, &options)?;
-    Ok(Entry::new("async", Arc::new(r.clone()), Typed::Async(r)))
+    Ok(Arc::new(Entry {
+        kind: c"async",
+        driver_pool: Some(r.handle() as usize),
+        resource: Arc::new(r),
+    }))
 }
 
 /// Pageable host memory (no GPU needed).
 pub fn host() -> Arc<Entry> {
     let r = HostMemoryResource::new();
-    Entry::new("host", Arc::new(r.clone()), Typed::Host(r))
+    Entry::new(c"host", Arc::new(r))
 }
 
 /// A coalescing pool over `upstream`.
@@ -88,13 +88,13 @@ pub fn pool(upstream: &Entry, initial: usize, maximum: Option<usize>) -> FfiResu
     let mut options = PoolOptions::new(initial);
     options.maximum_size = maximum;
     let r = PoolMemoryResource::new(up(upstream), options)?;
-    Ok(Entry::new("pool", Arc::new(r.clone()), Typed::Pool(r)))
+    Ok(Entry::new(c"pool", Arc::new(r)))
 }
 
 /// Power-of-two bins `2^min_exp ..= 2^max_exp` over `upstream` (larger requests go upstream).
 pub fn binning(upstream: &Entry, min_exp: u32, max_exp: u32) -> FfiResult<Arc<Entry>> {
     let r = BinningMemoryResource::new(up(upstream), min_exp, max_exp)?;
-    Ok(Entry::new("binning", Arc::new(r), Typed::Plain))
+    Ok(Entry::new(c"binning", Arc::new(r)))
 }
 
 /// Per-thread arenas over `upstream`; zeros pick the defaults.
@@ -112,7 +112,7 @@ pub fn arena(
         global,
     };
     let r = ArenaMemoryResource::new(up(upstream), options)?;
-    Ok(Entry::new("arena", Arc::new(r.clone()), Typed::Arena(r)))
+    Ok(Entry::new(c"arena", Arc::new(r)))
 }
 
 /// Blocks of `block_size` bytes over `upstream`; `blocks_per_refill` 0 picks the default.
@@ -126,29 +126,25 @@ pub fn fixed_size(
         options = options.blocks_per_refill(blocks_per_refill);
     }
     let r = FixedSizeMemoryResource::new(up(upstream), options)?;
-    Ok(Entry::new(
-        "fixed_size",
-        Arc::new(r.clone()),
-        Typed::FixedSize(r),
-    ))
+    Ok(Entry::new(c"fixed_size", Arc::new(r)))
 }
 
 /// Refuses requests once `limit` bytes are live.
 pub fn limiting(upstream: &Entry, limit: usize) -> Arc<Entry> {
     let r = LimitingResourceAdaptor::new(up(upstream), limit);
-    Entry::new("limiting", Arc::new(r.clone()), Typed::Limiting(r))
+    Entry::new(c"limiting", Arc::new(r))
 }
 
 /// Counts current, peak and total bytes and allocations.
 pub fn statistics(upstream: &Entry) -> Arc<Entry> {
     let r = StatisticsResourceAdaptor::new(up(upstream));
-    Entry::new("statistics", Arc::new(r.clone()), Typed::Statistics(r))
+    Entry::new(c"statistics", Arc::new(r))
 }
 
 /// Tracks outstanding blocks (and, with `backtraces`, where each was allocated).
 pub fn tracking(upstream: &Entry, backtraces: bool) -> Arc<Entry> {
     let r = TrackingResourceAdaptor::new(up(upstream), backtraces);
-    Entry::new("tracking", Arc::new(r.clone()), Typed::Tracking(r))
+    Entry::new(c"tracking", Arc::new(r))
 }
 
 /// Logs every call as RMM's CSV to a new file at `path`.
@@ -157,28 +153,18 @@ pub fn logging(upstream: &Entry, path: &str, auto_flush: bool) -> FfiResult<Arc<
         return Err(FfiError::invalid("the logging adaptor needs a file path"));
     }
     let r = LoggingResourceAdaptor::to_file(up(upstream), path, auto_flush)?;
-    Ok(Entry::new(
-        "logging",
-        Arc::new(r.clone()),
-        Typed::Logging(r),
-    ))
+    Ok(Entry::new(c"logging", Arc::new(r)))
 }
 
 /// Returns what `entry` holds and does not use to its upstream (pool, arena: empty chunks;
 /// driver pool: trims to zero). Bytes released when the resource can tell, else 0.
 pub fn release(entry: &Entry) -> FfiResult<usize> {
-    match &entry.typed {
-        Typed::Pool(p) => Ok(p.release()?),
-        Typed::Arena(a) => Ok(a.global().release()?),
-        Typed::Async(a) => {
-            let before = a.reserved_bytes()?;
-            a.trim_to(0)?;
-            Ok(before.saturating_sub(a.reserved_bytes()?))
-        }
-        _ => Err(carve::Error::Unsupported(format!(
+    entry.resource.release_unused().map_err(|e| match e {
+        carve::Error::Unsupported(_) => carve::Error::Unsupported(format!(
             "release: a {} resource holds nothing to release",
-            entry.kind
+            entry.kind_str()
         ))
-        .into()),
-    }
+        .into(),
+        e => e.into(),
+    })
 }

@@ -6,60 +6,47 @@
 //! per handle; adaptors, the current-resource table and outstanding framework blocks hold their
 //! own, so destroying a handle never frees a resource that something still uses.
 
+use std::ffi::CStr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use carve::adaptor::{
-    LimitingResourceAdaptor, LoggingResourceAdaptor, StatisticsResourceAdaptor,
-    TrackingResourceAdaptor,
-};
-use carve::{
-    ArenaMemoryResource, AsyncMemoryResource, FixedSizeMemoryResource, HostMemoryResource,
-    ManagedMemoryResource, PinnedHostMemoryResource, PoolMemoryResource, SharedResource,
-};
+use carve::SharedResource;
 
 use crate::error::{Code, FfiError, FfiResult};
 
 /// A registry id, as C sees it (cast to `carve_resource_t`).
 pub type Handle = u64;
 
-/// The concrete resource behind an entry, kept for statistics and `release`.
-#[derive(Clone, Debug)]
-#[allow(missing_docs)]
-pub enum Typed {
-    /// No statistics (cuda, binning, logging, resources found as "current").
-    Plain,
-    Host(HostMemoryResource),
-    Managed(ManagedMemoryResource),
-    Pinned(PinnedHostMemoryResource),
-    Async(AsyncMemoryResource),
-    Pool(PoolMemoryResource<SharedResource>),
-    Arena(ArenaMemoryResource<SharedResource>),
-    FixedSize(FixedSizeMemoryResource<SharedResource>),
-    Limiting(LimitingResourceAdaptor<SharedResource>),
-    Statistics(StatisticsResourceAdaptor<SharedResource>),
-    Tracking(TrackingResourceAdaptor<SharedResource>),
-    Logging(LoggingResourceAdaptor<SharedResource>),
-}
-
-/// One resource: its kind's name, the type-erased resource, and the concrete one.
+/// One resource: its kind's name and the type-erased resource. Statistics and release go
+/// through the resource's [`carve::MemoryResource`] methods.
 #[derive(Debug)]
 pub struct Entry {
-    /// `"pool"`, `"cuda"`, `"statistics"`, ...
-    pub kind: &'static str,
+    /// `"pool"`, `"cuda"`, `"statistics"`, ... (`"current"` for a resource found as current
+    /// that no live handle names).
+    pub kind: &'static CStr,
     /// What allocations go through.
     pub resource: SharedResource,
-    /// For statistics and release.
-    pub typed: Typed,
+    /// The driver pool (`CUmemoryPool`) of an async resource, to share with other libraries.
+    pub driver_pool: Option<usize>,
 }
 
 impl Entry {
     /// An entry for `resource` of `kind`.
-    pub fn new(kind: &'static str, resource: SharedResource, typed: Typed) -> Arc<Entry> {
+    pub fn new(kind: &'static CStr, resource: SharedResource) -> Arc<Entry> {
         Arc::new(Entry {
             kind,
             resource,
-            typed,
+            driver_pool: None,
         })
+    }
+
+    /// The kind as a Rust string.
+    pub fn kind_str(&self) -> &'static str {
+        self.kind.to_str().unwrap_or("?")
+    }
+
+    /// True when both entries allocate through the same resource.
+    pub fn same_resource(&self, resource: &SharedResource) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.resource), Arc::as_ptr(resource))
     }
 }
 
@@ -139,6 +126,16 @@ pub fn remove(handle: Handle) -> FfiResult<Arc<Entry>> {
     Ok(entry)
 }
 
+/// A live entry that allocates through `resource`, if a handle names one.
+pub fn find(resource: &SharedResource) -> Option<Arc<Entry>> {
+    registry()
+        .slots
+        .iter()
+        .filter_map(|s| s.entry.as_ref())
+        .find(|e| e.same_resource(resource))
+        .cloned()
+}
+
 /// Number of live handles (for tests and leak checks).
 pub fn live() -> usize {
     registry()
@@ -164,15 +161,14 @@ mod tests {
     use super::*;
 
     fn host() -> Arc<Entry> {
-        let h = HostMemoryResource::new();
-        Entry::new("host", Arc::new(h.clone()), Typed::Host(h))
+        Entry::new(c"host", Arc::new(carve::HostMemoryResource::new()))
     }
 
     #[test]
     fn destroyed_and_forged_handles_are_refused_and_slots_are_reused_with_a_new_generation() {
         let a = insert(host()).unwrap();
         assert_ne!(a, 0);
-        assert_eq!(get(a).unwrap().kind, "host");
+        assert_eq!(get(a).unwrap().kind, c"host");
         remove(a).unwrap();
         assert_eq!(get(a).unwrap_err().code, Code::InvalidHandle);
         assert_eq!(remove(a).unwrap_err().code, Code::InvalidHandle);

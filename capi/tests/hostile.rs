@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use carve::{MemoryResource, Properties, StreamRef};
 use carve_capi::ffi::*;
 use carve_capi::frameworks::*;
-use carve_capi::registry::{self, Entry, Typed};
+use carve_capi::registry::{self, Entry};
 use proptest::prelude::*;
 
 #[path = "c/harness.rs"]
@@ -506,7 +506,7 @@ unsafe impl MemoryResource for Panicking {
 }
 
 fn panicking(bomb: bool) -> carve_resource_t {
-    let entry = Entry::new("host", Arc::new(Panicking { bomb }), Typed::Plain);
+    let entry = Entry::new(c"host", Arc::new(Panicking { bomb }));
     to_c(registry::insert(entry).unwrap())
 }
 

@@ -67,7 +67,7 @@ impl Resource {
     /// The kind: "cuda", "pool", "statistics", ... ("current" for a resource set from Rust).
     #[getter]
     fn kind(&self) -> &'static str {
-        self.entry.kind
+        self.entry.kind_str()
     }
 
     /// The resource's handle in carve's C ABI.
@@ -92,10 +92,7 @@ impl Resource {
     /// with CuPy (`cupy.cuda.MemoryAsyncPool(handle)`) or PyTorch's cudaMallocAsync backend.
     #[getter]
     fn pool_handle(&self) -> Option<usize> {
-        match &self.entry.typed {
-            carve_capi::registry::Typed::Async(a) => Some(a.handle() as usize),
-            _ => None,
-        }
+        self.entry.driver_pool
     }
 
     /// Allocates `nbytes` aligned to `alignment`, ordered on `stream` (a CUstream as an int or
@@ -183,7 +180,11 @@ impl Resource {
     }
 
     fn __repr__(&self) -> String {
-        format!("<carve {} resource {:#x}>", self.entry.kind, self.handle)
+        format!(
+            "<carve {} resource {:#x}>",
+            self.entry.kind_str(),
+            self.handle
+        )
     }
 }
 

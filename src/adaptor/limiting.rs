@@ -15,7 +15,8 @@ const NAME: &str = "LimitingResourceAdaptor";
 /// Sizes are counted rounded up to a granularity (256 bytes by default, as RMM), so the limit
 /// bounds what the upstream really hands out. Accounting is one atomic compare-exchange: a request
 /// reserves its bytes before it reaches the upstream and gives them back if the upstream fails,
-/// so concurrent requests never overshoot the limit together.
+/// so concurrent requests never overshoot the limit together. Adaptors built with
+/// [`with_budget`](Self::with_budget) over one [`LimitBudget`] share its limit and count.
 #[derive(Debug)]
 pub struct LimitingResourceAdaptor<R> {
     inner: Arc<Inner<R>>,
@@ -24,9 +25,62 @@ pub struct LimitingResourceAdaptor<R> {
 #[derive(Debug)]
 struct Inner<R> {
     upstream: R,
-    limit: usize,
+    budget: LimitBudget,
+}
+
+/// A byte limit and the bytes counted against it, shared by every [`LimitingResourceAdaptor`]
+/// built over it: one limit over several resources, as PyTorch's per-process memory fraction
+/// covers every pool of a device. Cheap to clone (clones share the count).
+#[derive(Clone, Debug)]
+pub struct LimitBudget {
+    inner: Arc<Budget>,
+}
+
+#[derive(Debug)]
+struct Budget {
+    limit: AtomicUsize,
     granularity: usize,
     used: AtomicUsize,
+}
+
+impl LimitBudget {
+    /// A budget of `limit` bytes, counting each request rounded up to `granularity` (a power of
+    /// two).
+    pub fn new(limit: usize, granularity: usize) -> Result<Self> {
+        if !granularity.is_power_of_two() {
+            return Err(Error::InvalidAlignment(granularity));
+        }
+        Ok(LimitBudget {
+            inner: Arc::new(Budget {
+                limit: AtomicUsize::new(limit),
+                granularity,
+                used: AtomicUsize::new(0),
+            }),
+        })
+    }
+
+    /// The limit in bytes.
+    pub fn limit(&self) -> usize {
+        self.inner.limit.load(Ordering::Relaxed)
+    }
+
+    /// Changes the limit. Blocks already live stay; while they exceed the new limit, requests
+    /// fail until enough are freed.
+    pub fn set_limit(&self, limit: usize) {
+        self.inner.limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// Bytes counted (rounded to the granularity), including requests in flight.
+    pub fn allocated_bytes(&self) -> usize {
+        self.inner.used.load(Ordering::Relaxed)
+    }
+
+    fn counted(&self, bytes: usize) -> Result<usize> {
+        align_up(bytes, self.inner.granularity).ok_or(Error::SizeOverflow {
+            bytes,
+            align: self.inner.granularity,
+        })
+    }
 }
 
 impl<R> Clone for LimitingResourceAdaptor<R> {
@@ -47,39 +101,38 @@ impl<R: MemoryResource> LimitingResourceAdaptor<R> {
     /// Limits `upstream` to `limit` bytes, counting each request rounded up to `granularity`
     /// (a power of two).
     pub fn with_granularity(upstream: R, limit: usize, granularity: usize) -> Result<Self> {
-        if !granularity.is_power_of_two() {
-            return Err(Error::InvalidAlignment(granularity));
+        Ok(Self::with_budget(
+            upstream,
+            LimitBudget::new(limit, granularity)?,
+        ))
+    }
+
+    /// Counts what `upstream` hands out against `budget`, which other adaptors may share.
+    pub fn with_budget(upstream: R, budget: LimitBudget) -> Self {
+        Self {
+            inner: Arc::new(Inner { upstream, budget }),
         }
-        Ok(Self {
-            inner: Arc::new(Inner {
-                upstream,
-                limit,
-                granularity,
-                used: AtomicUsize::new(0),
-            }),
-        })
     }
 
     /// The limit in bytes.
     pub fn limit(&self) -> usize {
-        self.inner.limit
+        self.inner.budget.limit()
     }
 
-    /// Bytes in use (rounded to the granularity), including requests in flight.
+    /// Bytes in use (rounded to the granularity), including requests in flight; with a shared
+    /// budget, those of every adaptor sharing it.
     pub fn allocated_bytes(&self) -> usize {
-        self.inner.used.load(Ordering::Relaxed)
+        self.inner.budget.allocated_bytes()
+    }
+
+    /// The budget this adaptor counts against.
+    pub fn budget(&self) -> &LimitBudget {
+        &self.inner.budget
     }
 
     /// The wrapped resource.
     pub fn upstream(&self) -> &R {
         &self.inner.upstream
-    }
-
-    fn counted(&self, bytes: usize) -> Result<usize> {
-        align_up(bytes, self.inner.granularity).ok_or(Error::SizeOverflow {
-            bytes,
-            align: self.inner.granularity,
-        })
     }
 }
 
@@ -87,28 +140,28 @@ impl<R: MemoryResource> LimitingResourceAdaptor<R> {
 unsafe impl<R: MemoryResource> MemoryResource for LimitingResourceAdaptor<R> {
     fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         check_request(bytes, align, 1)?;
-        let counted = self.counted(bytes)?;
-        let inner = &*self.inner;
-        let reserved = inner
+        let budget = &*self.inner.budget.inner;
+        let counted = self.inner.budget.counted(bytes)?;
+        let limit = budget.limit.load(Ordering::Relaxed);
+        let reserved = budget
             .used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(counted).filter(|&n| n <= inner.limit)
+                used.checked_add(counted).filter(|&n| n <= limit)
             });
         if let Err(in_use) = reserved {
             return Err(Error::OutOfMemory {
                 bytes,
                 resource: NAME,
                 detail: format!(
-                    "limit is {} bytes and {in_use} are in use ({counted} counted for this request)",
-                    inner.limit
+                    "limit is {limit} bytes and {in_use} are in use ({counted} counted for this request)"
                 ),
             });
         }
-        inner
+        self.inner
             .upstream
             .allocate(stream, bytes, align)
             .inspect_err(|_| {
-                inner.used.fetch_sub(counted, Ordering::Relaxed);
+                budget.used.fetch_sub(counted, Ordering::Relaxed);
             })
     }
 
@@ -119,13 +172,17 @@ unsafe impl<R: MemoryResource> MemoryResource for LimitingResourceAdaptor<R> {
         bytes: usize,
         align: usize,
     ) -> Result<()> {
-        let counted = self.counted(bytes)?;
+        let counted = self.inner.budget.counted(bytes)?;
         // SAFETY: forwarded caller contract.
         unsafe { self.inner.upstream.deallocate(stream, ptr, bytes, align) }?;
         // Only a block the upstream accepted gives its bytes back, so a bad free cannot drive the
         // count below what is really in use. Release: whoever reserves these bytes next sees the
         // upstream's free as done.
-        self.inner.used.fetch_sub(counted, Ordering::Release);
+        self.inner
+            .budget
+            .inner
+            .used
+            .fetch_sub(counted, Ordering::Release);
         Ok(())
     }
 
@@ -134,6 +191,16 @@ unsafe impl<R: MemoryResource> MemoryResource for LimitingResourceAdaptor<R> {
     }
     fn device(&self) -> Option<crate::driver::Device> {
         self.inner.upstream.device()
+    }
+    fn memory_stats(&self) -> crate::error::Result<Option<crate::resource::MemoryStats>> {
+        Ok(Some(crate::resource::MemoryStats {
+            bytes_in_use: self.allocated_bytes(),
+            detail: vec![
+                (c"limit", self.limit() as f64),
+                (c"allocated_bytes", self.allocated_bytes() as f64),
+            ],
+            ..Default::default()
+        }))
     }
 }
 
@@ -204,5 +271,35 @@ mod loom_tests {
             assert_eq!(mr.allocated_bytes(), 0);
             assert_eq!(mr.upstream().live.load(Ordering::Relaxed), 0);
         });
+    }
+}
+
+#[cfg(all(test, not(carve_loom)))]
+mod tests {
+    use super::*;
+    use crate::resource::HostMemoryResource;
+
+    #[test]
+    fn adaptors_over_one_budget_share_its_limit_and_count() {
+        let budget = LimitBudget::new(1024, 1).unwrap();
+        let a = LimitingResourceAdaptor::with_budget(HostMemoryResource::new(), budget.clone());
+        let b = LimitingResourceAdaptor::with_budget(HostMemoryResource::new(), budget.clone());
+        let p = a.allocate_sync(800, 8).unwrap();
+        assert_eq!(b.allocated_bytes(), 800);
+        assert!(b.allocate_sync(300, 8).unwrap_err().is_out_of_memory());
+        budget.set_limit(2048);
+        assert_eq!(b.limit(), 2048);
+        let q = b.allocate_sync(300, 8).unwrap();
+        assert_eq!(budget.allocated_bytes(), 1100);
+        // SAFETY: each block freed once, through the adaptor that allocated it.
+        unsafe {
+            a.deallocate_sync(p, 800, 8).unwrap();
+            b.deallocate_sync(q, 300, 8).unwrap();
+        }
+        assert_eq!(budget.allocated_bytes(), 0);
+        assert!(matches!(
+            LimitBudget::new(1, 3),
+            Err(Error::InvalidAlignment(3))
+        ));
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! | adaptor | does |
 //! |---|---|
-//! | [`LimitingResourceAdaptor`] | refuses requests past a byte limit |
+//! | [`LimitingResourceAdaptor`] | refuses requests past a byte limit ([`LimitBudget`]: one limit over several resources) |
 //! | [`StatisticsResourceAdaptor`] | current / peak / total bytes and counts, in nested scopes |
 //! | [`TrackingResourceAdaptor`] | outstanding blocks, leak report, double-free and foreign-pointer detection |
 //! | [`LoggingResourceAdaptor`] | RMM's CSV allocation log, readable by `carve replay` |
@@ -24,7 +24,7 @@ mod tracking;
 pub use aligned::AlignedResourceAdaptor;
 pub use failure_callback::FailureCallbackResourceAdaptor;
 pub use fault_injection::{FaultInjectingResource, FaultOptions, FaultPattern, FaultStats};
-pub use limiting::LimitingResourceAdaptor;
+pub use limiting::{LimitBudget, LimitingResourceAdaptor};
 pub use logging::{LogAction, LoggingResourceAdaptor, LOG_HEADER};
 pub use prefetch::PrefetchResourceAdaptor;
 pub use statistics::{Counter, StatisticsResourceAdaptor};

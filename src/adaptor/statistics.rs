@@ -170,6 +170,24 @@ unsafe impl<R: MemoryResource> MemoryResource for StatisticsResourceAdaptor<R> {
     fn device(&self) -> Option<crate::driver::Device> {
         self.inner.upstream.device()
     }
+    fn memory_stats(&self) -> crate::error::Result<Option<crate::resource::MemoryStats>> {
+        let (b, c) = self.top();
+        let n = |v: i64| usize::try_from(v).unwrap_or(0);
+        Ok(Some(crate::resource::MemoryStats {
+            bytes_in_use: n(b.value),
+            bytes_reserved: None,
+            peak_bytes: Some(n(b.peak)),
+            live_blocks: Some(n(c.value)),
+            detail: vec![
+                (c"current_bytes", b.value as f64),
+                (c"peak_bytes", b.peak as f64),
+                (c"total_bytes", b.total as f64),
+                (c"current_count", c.value as f64),
+                (c"peak_count", c.peak as f64),
+                (c"total_count", c.total as f64),
+            ],
+        }))
+    }
 }
 
 #[cfg(test)]

@@ -257,4 +257,10 @@ unsafe impl<R: MemoryResource> MemoryResource for TrackingResourceAdaptor<R> {
     fn device(&self) -> Option<crate::driver::Device> {
         self.inner.upstream.device()
     }
+    fn memory_stats(&self) -> crate::error::Result<Option<crate::resource::MemoryStats>> {
+        Ok(Some(crate::resource::MemoryStats::in_use(
+            self.allocated_bytes(),
+            self.allocation_count(),
+        )))
+    }
 }

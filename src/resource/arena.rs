@@ -408,6 +408,25 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
     fn device(&self) -> Option<crate::driver::Device> {
         self.inner.global.device()
     }
+    fn memory_stats(&self) -> crate::error::Result<Option<crate::resource::MemoryStats>> {
+        let s = self.stats();
+        let n = |v: usize| v as f64;
+        Ok(Some(crate::resource::MemoryStats {
+            bytes_in_use: s.bytes_in_use,
+            bytes_reserved: Some(s.global.pool_size),
+            peak_bytes: None,
+            live_blocks: None,
+            detail: vec![
+                (c"bytes_in_use", n(s.bytes_in_use)),
+                (c"superblocks", n(s.superblocks)),
+                (c"pool_size", n(s.global.pool_size)),
+                (c"free_bytes", n(s.global.free_bytes)),
+            ],
+        }))
+    }
+    fn release_unused(&self) -> crate::error::Result<usize> {
+        self.release()
+    }
 }
 
 impl<R: MemoryResource> Drop for Inner<R> {

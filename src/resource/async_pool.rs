@@ -523,6 +523,31 @@ unsafe impl MemoryResource for AsyncMemoryResource {
     fn device(&self) -> Option<Device> {
         Some(self.inner.device.clone())
     }
+    fn memory_stats(&self) -> crate::error::Result<Option<crate::resource::MemoryStats>> {
+        let s = self.stats()?;
+        let n = |v: usize| v as f64;
+        Ok(Some(crate::resource::MemoryStats {
+            bytes_in_use: self.allocated_bytes(),
+            bytes_reserved: Some(s.reserved),
+            peak_bytes: Some(self.peak_allocated_bytes()),
+            live_blocks: Some(self.allocation_count()),
+            detail: vec![
+                (c"allocated_bytes", n(self.allocated_bytes())),
+                (c"peak_allocated_bytes", n(self.peak_allocated_bytes())),
+                (c"allocation_count", n(self.allocation_count())),
+                (c"used", n(s.used)),
+                (c"reserved", n(s.reserved)),
+                (c"free", n(s.free)),
+                (c"used_high", n(s.used_high)),
+                (c"reserved_high", n(s.reserved_high)),
+            ],
+        }))
+    }
+    fn release_unused(&self) -> crate::error::Result<usize> {
+        let before = self.reserved_bytes()?;
+        self.trim_to(0)?;
+        Ok(before.saturating_sub(self.reserved_bytes()?))
+    }
 }
 
 impl Drop for Inner {

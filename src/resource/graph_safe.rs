@@ -394,6 +394,25 @@ unsafe impl<R: MemoryResource + Clone> MemoryResource for GraphSafeMemoryResourc
     fn device(&self) -> Option<Device> {
         self.inner.upstream.device()
     }
+    fn memory_stats(&self) -> crate::error::Result<Option<crate::resource::MemoryStats>> {
+        let pools = self.graph_pools();
+        let sum = |f: fn(&GraphPoolStats) -> usize| pools.iter().map(f).sum::<usize>();
+        let (in_use, held) = (sum(|g| g.pool.bytes_in_use), sum(|g| g.pool.pool_size));
+        let n = |v: usize| v as f64;
+        Ok(Some(crate::resource::MemoryStats {
+            bytes_in_use: in_use,
+            bytes_reserved: Some(held),
+            peak_bytes: None,
+            live_blocks: Some(sum(|g| g.pool.live_blocks)),
+            detail: vec![
+                (c"graph_pools", n(pools.len())),
+                (c"blocks", n(sum(|g| g.blocks))),
+                (c"deferred_frees", n(sum(|g| g.deferred_frees))),
+                (c"pool_size", n(held)),
+                (c"bytes_in_use", n(in_use)),
+            ],
+        }))
+    }
 }
 
 impl<R: MemoryResource + Clone> fmt::Debug for GraphSafeMemoryResource<R> {

@@ -99,6 +99,12 @@ unsafe impl MemoryResource for HostMemoryResource {
     fn device(&self) -> Option<crate::driver::Device> {
         None
     }
+    fn memory_stats(&self) -> crate::error::Result<Option<crate::resource::MemoryStats>> {
+        Ok(Some(crate::resource::MemoryStats::in_use(
+            self.allocated_bytes(),
+            self.allocation_count(),
+        )))
+    }
 }
 
 #[cfg(test)]

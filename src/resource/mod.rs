@@ -26,6 +26,7 @@ pub use binning::{Bin, BinningMemoryResource};
 mod ledger;
 mod location;
 mod managed;
+mod memory_stats;
 mod pinned;
 
 pub use async_pool::{
@@ -42,6 +43,7 @@ pub use host_buffer::HostBuffer;
 pub use location::{check_ordinal, Location};
 pub(crate) use managed::prefetch_raw;
 pub use managed::{Advice, ManagedBuffer, ManagedMemoryResource, ManagedRange, RangeAttributes};
+pub use memory_stats::MemoryStats;
 pub use pinned::{
     HostRegistration, PinnedBuffer, PinnedFlags, PinnedHostMemoryResource, PINNED_ALIGNMENT,
 };
@@ -149,6 +151,22 @@ pub unsafe trait MemoryResource: Send + Sync + fmt::Debug {
     /// never the calling thread's current one.
     fn device(&self) -> Option<Device>;
 
+    /// The resource's counters ([`MemoryStats`]); `None` for resources that keep none.
+    /// Adaptors that keep no counters of their own report `None`, not their upstream's.
+    fn memory_stats(&self) -> Result<Option<MemoryStats>> {
+        Ok(None)
+    }
+
+    /// Returns memory the resource holds and does not use to its upstream or the driver, after
+    /// waiting for the work that may still use it, as CuPy's `free_all_blocks` and PyTorch's
+    /// `empty_cache`. Returns the bytes released. [`Error::Unsupported`] for resources that
+    /// hold nothing beyond what they hand out.
+    fn release_unused(&self) -> Result<usize> {
+        Err(Error::Unsupported(
+            "release: this resource holds nothing to release".into(),
+        ))
+    }
+
     /// Allocates on the default stream of the resource's [`device`](Self::device) and waits for
     /// it, so the block is usable from any stream.
     fn allocate_sync(&self, bytes: usize, align: usize) -> Result<NonNull<u8>> {
@@ -198,6 +216,12 @@ macro_rules! forward_resource {
             }
             fn device(&self) -> Option<Device> {
                 (**self).device()
+            }
+            fn memory_stats(&self) -> Result<Option<MemoryStats>> {
+                (**self).memory_stats()
+            }
+            fn release_unused(&self) -> Result<usize> {
+                (**self).release_unused()
             }
         }
     )*};

@@ -184,6 +184,12 @@ unsafe impl MemoryResource for PinnedHostMemoryResource {
     fn device(&self) -> Option<Device> {
         Some(self.inner.device.clone())
     }
+    fn memory_stats(&self) -> crate::error::Result<Option<crate::resource::MemoryStats>> {
+        Ok(Some(crate::resource::MemoryStats::in_use(
+            self.allocated_bytes(),
+            self.allocation_count(),
+        )))
+    }
 }
 
 impl fmt::Debug for PinnedHostMemoryResource {

@@ -213,6 +213,23 @@ unsafe impl MemoryResource for SimulatedMemoryResource {
     fn device(&self) -> Option<crate::driver::Device> {
         None
     }
+    fn memory_stats(&self) -> crate::error::Result<Option<crate::resource::MemoryStats>> {
+        let u = self.usage();
+        let n = |v: usize| v as f64;
+        Ok(Some(crate::resource::MemoryStats {
+            bytes_in_use: u.used,
+            bytes_reserved: None,
+            peak_bytes: Some(u.peak),
+            live_blocks: Some(u.live_blocks),
+            detail: vec![
+                (c"capacity", n(u.capacity)),
+                (c"used", n(u.used)),
+                (c"peak", n(u.peak)),
+                (c"largest_free", n(u.largest_free)),
+                (c"live_blocks", n(u.live_blocks)),
+            ],
+        }))
+    }
 }
 
 #[cfg(test)]

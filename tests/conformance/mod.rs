@@ -8,9 +8,11 @@
 #![allow(dead_code)]
 
 mod checks;
+mod memory_stats;
 mod model;
 
 pub use checks::*;
+pub use memory_stats::memory_stats;
 
 use std::io::Write;
 use std::sync::Arc;
@@ -251,6 +253,7 @@ macro_rules! conformance_suite {
             conformance_suite!(@test $env, $make, $name, huge_size);
             conformance_suite!(@test $env, $make, $name, bad_frees);
             conformance_suite!(@test $env, $make, $name, statistics);
+            conformance_suite!(@test $env, $make, $name, memory_stats);
             conformance_suite!(@test $env, $make, $name, sizes_and_mixed);
             conformance_suite!(@test $env, $make, $name, concurrency);
             conformance_suite!(@test $env, $make, $name, stream_order);

@@ -463,6 +463,23 @@ unsafe impl<R: MemoryResource> MemoryResource for FixedSizeMemoryResource<R> {
     fn device(&self) -> Option<crate::driver::Device> {
         self.inner.upstream.device()
     }
+    fn memory_stats(&self) -> crate::error::Result<Option<crate::resource::MemoryStats>> {
+        let s = self.stats();
+        let n = |v: usize| v as f64;
+        Ok(Some(crate::resource::MemoryStats {
+            bytes_in_use: s.blocks_in_use * s.block_size,
+            bytes_reserved: Some(s.upstream_bytes),
+            peak_bytes: None,
+            live_blocks: Some(s.blocks_in_use),
+            detail: vec![
+                (c"block_size", n(s.block_size)),
+                (c"slabs", n(s.slabs)),
+                (c"total_blocks", n(s.total_blocks)),
+                (c"blocks_in_use", n(s.blocks_in_use)),
+                (c"upstream_bytes", n(s.upstream_bytes)),
+            ],
+        }))
+    }
 }
 
 impl<R: MemoryResource> Drop for Inner<R> {

@@ -504,6 +504,28 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
     fn device(&self) -> Option<Device> {
         self.inner.upstream.device()
     }
+    fn memory_stats(&self) -> crate::error::Result<Option<crate::resource::MemoryStats>> {
+        let s = self.stats();
+        let n = |v: usize| v as f64;
+        Ok(Some(crate::resource::MemoryStats {
+            bytes_in_use: s.bytes_in_use,
+            bytes_reserved: Some(s.pool_size),
+            peak_bytes: None,
+            live_blocks: Some(s.live_blocks),
+            detail: vec![
+                (c"pool_size", n(s.pool_size)),
+                (c"bytes_in_use", n(s.bytes_in_use)),
+                (c"free_bytes", n(s.free_bytes)),
+                (c"largest_free_block", n(s.largest_free_block)),
+                (c"fragmentation", s.fragmentation),
+                (c"live_blocks", n(s.live_blocks)),
+                (c"chunks", n(s.chunks)),
+            ],
+        }))
+    }
+    fn release_unused(&self) -> crate::error::Result<usize> {
+        self.release()
+    }
 }
 
 impl<R: MemoryResource> fmt::Debug for PoolMemoryResource<R> {

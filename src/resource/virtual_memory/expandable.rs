@@ -310,6 +310,25 @@ unsafe impl<B: PhysicalBacking> MemoryResource for ExpandableMemoryResource<B> {
     fn device(&self) -> Option<Device> {
         self.small.device()
     }
+    fn memory_stats(&self) -> crate::error::Result<Option<crate::resource::MemoryStats>> {
+        let s = self.stats();
+        let n = |v: usize| v as f64;
+        Ok(Some(crate::resource::MemoryStats {
+            bytes_in_use: s.bytes_in_use(),
+            bytes_reserved: Some(s.physical),
+            peak_bytes: None,
+            live_blocks: Some(s.live_blocks()),
+            detail: vec![
+                (c"physical", n(s.physical)),
+                (c"peak_physical", n(s.peak_physical)),
+                (c"bytes_in_use", n(s.bytes_in_use())),
+                (c"live_blocks", n(s.live_blocks())),
+            ],
+        }))
+    }
+    fn release_unused(&self) -> crate::error::Result<usize> {
+        self.trim()
+    }
 }
 
 impl<B: PhysicalBacking> fmt::Debug for ExpandableMemoryResource<B> {

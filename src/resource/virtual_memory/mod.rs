@@ -507,6 +507,29 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
     fn device(&self) -> Option<Device> {
         self.inner.backing.device()
     }
+    fn memory_stats(&self) -> crate::error::Result<Option<crate::resource::MemoryStats>> {
+        let s = self.stats();
+        let n = |v: usize| v as f64;
+        Ok(Some(crate::resource::MemoryStats {
+            bytes_in_use: s.bytes_in_use,
+            bytes_reserved: Some(s.mapped),
+            peak_bytes: None,
+            live_blocks: Some(s.live_blocks),
+            detail: vec![
+                (c"reserved", n(s.reserved)),
+                (c"mapped", n(s.mapped)),
+                (c"peak_mapped", n(s.peak_mapped)),
+                (c"free_mapped", n(s.free_mapped)),
+                (c"bytes_in_use", n(s.bytes_in_use)),
+                (c"live_blocks", n(s.live_blocks)),
+                (c"largest_free_block", n(s.largest_free_block)),
+                (c"chunk_size", n(s.chunk_size)),
+            ],
+        }))
+    }
+    fn release_unused(&self) -> crate::error::Result<usize> {
+        self.trim()
+    }
 }
 
 impl<B: PhysicalBacking> Drop for Inner<B> {
