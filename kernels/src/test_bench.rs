@@ -10,8 +10,9 @@ use crate::nvptx::{self, RelaxedWarp};
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::test_entry::tid;
 
-/// Ablation for the benchmark: [`carve_heap_slab_alloc`](crate::test_entry::carve_heap_slab_alloc) with relaxed bitmap atomics, to
-/// measure what the Acquire ordering costs. Not for use: see [`RelaxedWarp`].
+/// Ablation for the benchmark:
+/// [`carve_heap_slab_alloc`](crate::test_entry::carve_heap_slab_alloc) with relaxed bitmap
+/// atomics, to measure what the Acquire ordering costs. Not for use: see [`RelaxedWarp`].
 ///
 /// # Safety
 /// As for [`carve_heap_slab_alloc`](crate::test_entry::carve_heap_slab_alloc).
@@ -36,8 +37,8 @@ pub unsafe extern "ptx-kernel" fn carve_bench_slab_alloc_relaxed(
     }
 }
 
-/// Ablation: [`carve_heap_slab_free`](crate::test_entry::carve_heap_slab_free) with relaxed bitmap atomics (see
-/// [`carve_bench_slab_alloc_relaxed`]).
+/// Ablation: [`carve_heap_slab_free`](crate::test_entry::carve_heap_slab_free) with relaxed
+/// bitmap atomics (see [`carve_bench_slab_alloc_relaxed`]).
 ///
 /// # Safety
 /// As for [`carve_heap_slab_free`](crate::test_entry::carve_heap_slab_free).

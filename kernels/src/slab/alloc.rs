@@ -8,7 +8,7 @@ impl<'a> Slab<'a> {
     /// Allocates one block for each calling lane of `warp`; null for lanes that could not get one.
     ///
     /// `hint` is a block index where this warp prefers to start; every calling lane passes the
-    /// same one (see [`warp_hint`]).
+    /// same one (see [`warp_hint`](super::warp_hint)).
     /// Failures are counted when `count_failures` (the last segment of a chain).
     #[inline(always)]
     pub fn alloc<W: Warp>(&self, warp: &W, hint: u64, count_failures: bool) -> *mut u8 {
