@@ -10,7 +10,7 @@ use cudarc::driver::{result, sys, CudaStream, DevicePtr, DevicePtrMut, DeviceSli
 
 use crate::driver::{Device, Stream};
 use crate::error::{Error, Result};
-use crate::resource::{MemoryResource, SharedResource, DEFAULT_ALIGNMENT};
+use crate::resource::{check_device, MemoryResource, SharedResource, DEFAULT_ALIGNMENT};
 
 mod foreign;
 mod release;
@@ -265,22 +265,6 @@ impl fmt::Debug for DeviceBuffer {
             .field("stream", &self.stream.as_ref())
             .field("resource", &self.resource)
             .finish()
-    }
-}
-
-/// Refuses device-only memory of one device ordered on another device's stream (managed and
-/// mapped host memory, which every device reaches, may be).
-pub(crate) fn check_device(resource: &dyn MemoryResource, device: &Device) -> Result<()> {
-    let props = resource.properties();
-    match resource.device() {
-        Some(own) if own != *device && !props.host_accessible => {
-            Err(Error::InvalidArgument(format!(
-                "{resource:?} allocates on device {}, not device {}",
-                own.ordinal(),
-                device.ordinal()
-            )))
-        }
-        _ => Ok(()),
     }
 }
 

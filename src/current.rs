@@ -14,7 +14,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use crate::driver::Device;
 use crate::error::Result;
-use crate::resource::{CudaMemoryResource, SharedResource};
+use crate::resource::{check_device, CudaMemoryResource, SharedResource};
 
 static CURRENT: RwLock<Option<HashMap<usize, SharedResource>>> = RwLock::new(None);
 
@@ -42,7 +42,7 @@ pub fn get(ordinal: usize) -> Result<SharedResource> {
 /// device.
 pub fn set(ordinal: usize, resource: SharedResource) -> Result<SharedResource> {
     let previous = get(ordinal)?;
-    crate::buffer::check_device(&*resource, &Device::get(ordinal)?)?;
+    check_device(&*resource, &Device::get(ordinal)?)?;
     let mut map = CURRENT.write().unwrap_or_else(PoisonError::into_inner);
     map.get_or_insert_with(HashMap::new)
         .insert(ordinal, resource);

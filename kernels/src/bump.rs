@@ -338,7 +338,7 @@ impl<'a> Bump<'a> {
 #[inline(always)]
 fn slot_add(slot: &AtomicU64, v: u64) -> u64 {
     #[cfg(target_arch = "nvptx64")]
-    return crate::nvptx::fetch_add_global(slot, v);
+    return crate::global_mem::fetch_add_global(slot, v);
     #[cfg(not(target_arch = "nvptx64"))]
     return slot.fetch_add(v, Ordering::Acquire);
 }

@@ -24,7 +24,9 @@ use crate::slab::{self, Slab};
 use crate::warp::{Warp, Within};
 
 #[cfg(target_arch = "nvptx64")]
-use crate::nvptx::{load_class_pointer, load_general, load_handle};
+use crate::global_mem::{load_class_pointer, load_handle};
+#[cfg(target_arch = "nvptx64")]
+use crate::nvptx::load_general;
 #[cfg(not(target_arch = "nvptx64"))]
 use host::{load_class_pointer, load_general, load_handle};
 

@@ -163,7 +163,7 @@ unsafe fn copy_handle(h: &HeapHandle) -> HeapHandle {
     #[cfg(target_arch = "nvptx64")]
     // SAFETY: a handle sits at the 16-byte aligned start of its segment, in global memory, and
     // is read-only while kernels run.
-    return unsafe { crate::nvptx::read_handle(h) };
+    return unsafe { crate::global_mem::read_handle(h) };
     #[cfg(not(target_arch = "nvptx64"))]
     *h
 }

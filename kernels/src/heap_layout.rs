@@ -192,8 +192,8 @@ pub struct SlabGeometry {
 
 /// Shards of at most 4 words (256 blocks) and at most 4096 shards for big heaps: enough
 /// counters that warps rarely meet on one, few enough that `stats` copies little. Larger shards
-/// measured slower on the H100 (BENCHMARKS.md, twelfth session): mixed sizes at 2^22, 14.3 /
-/// 29.6 G/s with 64 words, 16.2 / 31.3 with 16, 18.3 / 35.1 with 8, 18.2 / 36.1 with 4.
+/// measured slower on the H100 (mixed sizes at 2^22): 14.3 / 29.6 G/s with 64 words, 16.2 /
+/// 31.3 with 16, 18.3 / 35.1 with 8, 18.2 / 36.1 with 4.
 pub fn slab_geometry(capacity: u64) -> Option<SlabGeometry> {
     let nwords = capacity.div_ceil(64);
     if nwords == 0 || nwords > u32::MAX as u64 {

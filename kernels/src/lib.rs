@@ -43,6 +43,8 @@ pub mod sync;
 pub mod warp;
 
 #[cfg(target_arch = "nvptx64")]
+mod global_mem;
+#[cfg(target_arch = "nvptx64")]
 mod heap_entry;
 #[cfg(target_arch = "nvptx64")]
 mod numba_abi;
@@ -51,6 +53,9 @@ mod nvptx;
 // Kernels for carve's tests and benchmarks: a second PTX module, never the shipped one.
 #[cfg(all(target_arch = "nvptx64", feature = "test-kernels"))]
 mod test_entry;
+// Kernels for carve's benchmarks: the same module.
+#[cfg(all(target_arch = "nvptx64", feature = "test-kernels"))]
+mod test_bench;
 // A kernel whose lanes pass different heaps and pointers: the same module.
 #[cfg(all(target_arch = "nvptx64", feature = "test-kernels"))]
 mod test_divergent;

@@ -6,7 +6,8 @@
 
 use carve_kernels::heap_layout::{self as layout, HeapHandle, RegionLayout, HANDLE_BYTES};
 
-use super::{bump_plan, region_align, relocate, slab_plan, HeapKind, HeapStats};
+use super::region::{bump_plan, region_align, relocate, slab_plan, HeapKind};
+use super::stats::HeapStats;
 use crate::error::{Error, Result};
 
 /// How to format a heap of one kind and capacity in someone else's memory.

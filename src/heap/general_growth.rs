@@ -21,62 +21,18 @@ use std::time::Instant;
 
 use carve_kernels::heap_layout::{self as layout, GeneralPlan};
 
+use super::device_heap::{copy_in, DeviceHeap};
+use super::general_range::{ClassChain, GeneralGrowth};
 use super::growth::{
-    check_options, plan_segment, policy_need, raw_bytes, segment_capacity, GrowOptions,
-    GrowthReport, TrimReport,
+    check_options, fill, plan_segment, policy_need, raw_bytes, segment_capacity, GrowOptions,
+    Growth, GrowthReport, TrimReport,
 };
 use super::mapped::MappedRange;
-use super::{copy_in, general_plan, relocate, slab_plan, DeviceHeap, HeapKind, HeapStats, Segment};
-use crate::driver::{Device, Stream};
+use super::region::{general_plan, relocate, slab_plan, HeapKind, Segment};
+use super::stats::HeapStats;
+use crate::driver::Stream;
 use crate::error::{Error, Result};
 use crate::resource::{CudaBacking, CudaBackingOptions, PhysicalBacking};
-
-/// A growable general heap's memory and class chains.
-#[derive(Debug)]
-pub(super) struct GeneralGrowth {
-    device: Device,
-    range: MappedRange<CudaBacking>,
-    /// Bytes of address space per class (a power of two).
-    stride: usize,
-    /// Offset of class 0's first segment in the range (one chunk).
-    classes_off: usize,
-    /// Bytes of each class's first segment.
-    first_len: usize,
-    pub(super) classes: Vec<ClassChain>,
-}
-
-/// One class's segments after the first.
-#[derive(Debug, Default)]
-pub(super) struct ClassChain {
-    /// Segments after the first, in chain order (`raw_len`: the bytes mapped for each).
-    pub(super) extra: Vec<Segment>,
-}
-
-impl Drop for GeneralGrowth {
-    fn drop(&mut self) {
-        // Kernels on any stream may still use the heap; unmapping needs them done, and after a
-        // failed wait the range leaks.
-        let r = self.device.synchronize();
-        self.range.after_wait(r);
-    }
-}
-
-impl GeneralGrowth {
-    /// Offset in the range of byte `at` of class `c`'s stride.
-    fn class_off(&self, c: usize, at: usize) -> usize {
-        self.classes_off + c * self.stride + at
-    }
-
-    /// Bytes of class `c`'s stride in use (mapped).
-    fn class_end(&self, c: usize) -> usize {
-        self.first_len
-            + self.classes[c]
-                .extra
-                .iter()
-                .map(|s| s.raw_len)
-                .sum::<usize>()
-    }
-}
 
 /// Sizes of a growable general heap: (first segment bytes per class, stride) for
 /// `bytes_per_class`, `max_bytes` and chunks of `chunk` bytes.
@@ -162,7 +118,7 @@ impl DeviceHeap {
         let region = range.base() + chunk - layout::GENERAL_CLASSES_OFFSET;
         let ptr = NonNull::new(region as *mut u8)
             .ok_or_else(|| Error::InvalidArgument("a reservation at address 0".to_string()))?;
-        let mut growth = super::growth::Growth::plain();
+        let mut growth = Growth::plain();
         growth.policy = options.policy;
         growth.max_bytes = Some(options.max_bytes);
         growth.chunk = chunk;
@@ -205,7 +161,7 @@ impl DeviceHeap {
             .div_ceil(block)
             .saturating_sub(s.capacity.saturating_sub(s.in_use));
         let mut report = GrowthReport {
-            fill_before: super::growth::fill(&s),
+            fill_before: fill(&s),
             ..GrowthReport::default()
         };
         self.grow_class(class, need, &mut report)?;
@@ -240,7 +196,7 @@ impl DeviceHeap {
             t
         });
         let mut report = GrowthReport {
-            fill_before: super::growth::fill(&total),
+            fill_before: fill(&total),
             ..GrowthReport::default()
         };
         let policy = self.growth.policy;

@@ -5,7 +5,7 @@ use carve_kernels::heap_layout::{
     COUNTER_SLOTS,
 };
 
-use super::HeapKind;
+use super::region::HeapKind;
 
 /// What a heap has handed out. Units are blocks for a slab and a general heap (summed over its
 /// classes; [`DeviceHeap::class_stats`](super::DeviceHeap::class_stats) gives them class by

@@ -1,9 +1,11 @@
-//! Where memory lives or should move to: a device or the CPU, as the driver's `CUmemLocation`.
+//! Where memory lives or should move to: a device or the CPU, as the driver's `CUmemLocation`;
+//! and whether a device may use a resource's memory.
 
 use cudarc::driver::sys;
 
 use crate::driver::Device;
 use crate::error::{Error, Result};
+use crate::resource::MemoryResource;
 
 /// The driver's `CU_DEVICE_CPU`: "the host", in the legacy `int` encodings.
 pub(crate) const CU_DEVICE_CPU: i32 = -1;
@@ -59,6 +61,22 @@ pub fn check_ordinal(ordinal: usize) -> Result<()> {
         return Err(Error::InvalidDevice { ordinal, count });
     }
     Ok(())
+}
+
+/// Refuses device-only memory of one device ordered on another device's stream (managed and
+/// mapped host memory, which every device reaches, may be).
+pub(crate) fn check_device(resource: &dyn MemoryResource, device: &Device) -> Result<()> {
+    let props = resource.properties();
+    match resource.device() {
+        Some(own) if own != *device && !props.host_accessible => {
+            Err(Error::InvalidArgument(format!(
+                "{resource:?} allocates on device {}, not device {}",
+                own.ordinal(),
+                device.ordinal()
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

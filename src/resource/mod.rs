@@ -40,6 +40,7 @@ pub use graph_safe::{
 };
 pub use host::HostMemoryResource;
 pub use host_buffer::HostBuffer;
+pub(crate) use location::check_device;
 pub use location::{check_ordinal, Location};
 pub(crate) use managed::prefetch_raw;
 pub use managed::{Advice, ManagedBuffer, ManagedMemoryResource, ManagedRange, RangeAttributes};

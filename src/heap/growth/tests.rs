@@ -1,4 +1,5 @@
 use super::*;
+use carve_kernels::heap_layout as layout;
 
 const MIB: usize = 1 << 20;
 const SLAB: HeapKind = HeapKind::Slab { block_size: 64 };
