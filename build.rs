@@ -29,7 +29,7 @@ fn main() {
         file: "carve.ptx",
         features: &[],
         committed_dir: "src/driver/ptx",
-        regenerate: "CARVE_UPDATE_PTX=1 cargo build",
+        regenerate: "CARVE_UPDATE_PTX=1 cargo build --workspace",
     };
     ptx::run(&root, &out_dir, &[shipped]);
 }

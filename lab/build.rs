@@ -27,7 +27,7 @@ fn main() {
         file: "carve_test.ptx",
         features: &["test-kernels"],
         committed_dir: "lab/ptx",
-        regenerate: "CARVE_UPDATE_PTX=1 cargo build -p carve-lab",
+        regenerate: "CARVE_UPDATE_PTX=1 cargo build --workspace",
     };
     ptx::run(root, &out_dir, &[test]);
 }

@@ -7,7 +7,7 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | [`bench`] | `carve bench`: one file per workload, each printing a Markdown table |
+//! | [`bench`](mod@bench) | `carve bench`: one file per workload, each printing a Markdown table |
 //! | [`replay`] | `carve replay`: replaying RMM allocation logs and PyTorch snapshots |
 //! | [`plot`] | line charts as SVG for replay and bench plots |
 //! | [`snapshot`] | reading pickled memory snapshots (PyTorch's or carve's) |

@@ -1,6 +1,6 @@
 //! Replays allocation traces on every resource: ns per operation, the peak reserved (bytes
 //! taken from the device) and its ratio to the logical peak. Each replay is a fresh resource
-//! that runs the trace [`PASSES`] times, as a training loop runs its iterations: the first pass
+//! that runs the trace `PASSES` times, as a training loop runs its iterations: the first pass
 //! pays for the resource's growth; later passes show its steady state (RMM's replay benchmark
 //! times only that, reusing one resource across its iterations). Traces: the committed synthetic
 //! transformer trace, plus every CSV that `--traces` names (files or directories), e.g. the
@@ -64,7 +64,7 @@ fn traces(extra: &[PathBuf]) -> carve::Result<Vec<(String, Plan)>> {
     Ok(out)
 }
 
-/// The tables of every trace in [`traces`] (the synthetic one and `extra`).
+/// A table per trace: the synthetic one, then each of `extra` (a CSV, or a directory of them).
 pub fn run(quick: bool, extra: &[PathBuf]) -> carve::Result<Vec<Table>> {
     let reps = if quick { 1 } else { 3 };
     let gpu = Device::get(0).ok();
