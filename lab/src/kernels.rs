@@ -4,10 +4,10 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
+use carve::cudarc::driver::{CudaFunction, DriverError, LaunchConfig, PushKernelArg};
 use carve::driver::{Device, Kernels, Stream};
 use carve::error::DriverCode;
 use carve::{Error, Result};
-use cudarc::driver::{CudaFunction, DriverError, LaunchConfig, PushKernelArg};
 
 /// The test and benchmark kernels' PTX module; never part of the shipped library.
 pub const TEST_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/carve_test.ptx"));

@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use carve::cudarc::driver::{result, sys};
 use carve::resource::{CudaBackingOptions, VirtualMemoryResource, VirtualOptions};
 use carve::{CudaMemoryResource, Device, DeviceHeap, DeviceVec, Event, SharedResource, Stream};
-use cudarc::driver::{result, sys};
 
 use super::table::Table;
 use crate::heap::HeapKernels;

@@ -1,9 +1,9 @@
 //! Launchers for the device-heap kernels of the test PTX (`kernels/src/heap_entry.rs`): used by
 //! the GPU tests and `carve bench device-alloc`, and an example of calling the heap from Rust.
 
+use carve::cudarc::driver::{LaunchConfig, PushKernelArg};
 use carve::driver::{Device, Stream};
 use carve::error::{Error, Result};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use crate::kernels::{launch_error, TestKernels};
 
