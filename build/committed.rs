@@ -1,5 +1,5 @@
-//! The PTX committed in `src/driver/ptx/`, for builds that cannot compile `kernels/`: its header,
-//! and the hash that ties it to the sources it was made from.
+//! The committed PTX (`src/driver/ptx/`, `lab/ptx/`), for builds that cannot compile `kernels/`:
+//! its header, and the hash that ties it to the sources it was made from.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -58,26 +58,39 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Where the committed copy of module `file` lives.
-pub fn path(root: &Path, file: &str) -> PathBuf {
-    root.join("src/driver/ptx").join(file)
+/// Where the committed copy of module `file` lives: in `dir`, relative to the workspace root.
+pub fn path(root: &Path, dir: &str, file: &str) -> PathBuf {
+    root.join(dir).join(file)
 }
 
-/// `body` with the header that records its toolchain and sources.
-pub fn with_header(file: &str, toolchain: &str, sources: &Sources, body: &str) -> String {
+/// `body` with the header that records its toolchain and sources, and how to regenerate it.
+pub fn with_header(
+    file: &str,
+    toolchain: &str,
+    sources: &Sources,
+    regenerate: &str,
+    body: &str,
+) -> String {
     format!(
         "// carve PTX module `{file}`, generated from kernels/: do not edit.\n\
          // toolchain: {toolchain}\n\
          {SOURCES_LINE}{}\n\
-         // regenerate: CARVE_UPDATE_PTX=1 cargo build\n\
+         // regenerate: {regenerate}\n\
          {body}",
         sources.hash
     )
 }
 
-/// The committed module `file`, refused if it was made from other sources than `sources`.
-pub fn load(root: &Path, file: &str, sources: Option<&Sources>) -> Result<String, String> {
-    let path = path(root, file);
+/// The committed module `file` in `dir`, refused if it was made from other sources than
+/// `sources`; `regenerate` is the command that rewrites it.
+pub fn load(
+    root: &Path,
+    dir: &str,
+    file: &str,
+    regenerate: &str,
+    sources: Option<&Sources>,
+) -> Result<String, String> {
+    let path = path(root, dir, file);
     let text = fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
     let Some(sources) = sources else {
         return Ok(text);
@@ -92,8 +105,7 @@ pub fn load(root: &Path, file: &str, sources: Option<&Sources>) -> Result<String
         return Err(format!(
             "{} was generated from other kernels/ sources (sha256 {recorded}; the sources now \
              hash to {}), and this build did not compile kernels/ itself. Install the pinned \
-             toolchain ({}) and build again, or regenerate the file with \
-             `CARVE_UPDATE_PTX=1 cargo build`.",
+             toolchain ({}) and build again, or regenerate the file with `{regenerate}`.",
             path.display(),
             sources.hash,
             pinned.install_hint()

@@ -43,10 +43,8 @@
 //! | [`current`] | the per-device current resource and `reinitialize` |
 //! | [`buffer`] | `DeviceBuffer`, `DeviceVec<T: Pod>` |
 //! | [`heap`] | `DeviceHeap`: blocks that kernels allocate and free |
-//! | `replay` | replaying RMM allocation logs (feature `cli`) |
 //! | [`driver`] | devices, streams, events, the embedded PTX |
-//! | `plot` | line charts as SVG for replay and bench plots (feature `cli`) |
-//! | [`snapshot`] | PyTorch's memory-snapshot format (write and read), for its viewer |
+//! | [`snapshot`] | PyTorch's memory-snapshot format, written for its viewer |
 //! | [`deferred`] | errors from `Drop` and undo paths, kept for [`take_deferred_error`] |
 
 pub mod adaptor;
@@ -56,10 +54,6 @@ pub mod deferred;
 pub mod driver;
 pub mod error;
 pub mod heap;
-#[cfg(feature = "cli")]
-pub mod plot;
-#[cfg(feature = "cli")]
-pub mod replay;
 pub mod resource;
 pub mod snapshot;
 pub mod stream;

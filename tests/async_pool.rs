@@ -8,6 +8,7 @@ use carve::{
     AsyncMemoryResource, AsyncPoolOptions, Device, DeviceBuffer, Error, MemoryResource, StreamRef,
 };
 use carve_kernels::smoke::pattern;
+use carve_lab::DeviceTestKernels;
 
 const MIB: usize = 1 << 20;
 

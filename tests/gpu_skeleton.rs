@@ -7,6 +7,7 @@ use carve::{
     require_gpu, CudaMemoryResource, Device, DeviceBuffer, DeviceVec, Error, MemoryResource,
     SharedResource, StreamRef,
 };
+use carve_lab::DeviceTestKernels;
 
 fn cuda(dev: &Device) -> SharedResource {
     Arc::new(CudaMemoryResource::new(dev))

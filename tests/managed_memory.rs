@@ -9,6 +9,7 @@ use carve::{
     ManagedMemoryResource, MemoryResource, StreamRef,
 };
 use carve_kernels::smoke::pattern;
+use carve_lab::DeviceTestKernels;
 
 const N: usize = 1 << 20; // 4 MiB of u32: far below any GPU's free memory.
 

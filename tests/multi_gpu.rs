@@ -10,6 +10,7 @@ use carve::{
     MemoryResource, PoolMemoryResource, SharedResource,
 };
 use carve_kernels::smoke::pattern;
+use carve_lab::DeviceTestKernels;
 
 const MIB: usize = 1 << 20;
 

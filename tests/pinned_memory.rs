@@ -9,6 +9,7 @@ use carve::{
     PinnedBuffer, PinnedFlags, PinnedHostMemoryResource, Properties, StreamRef,
 };
 use carve_kernels::smoke::pattern;
+use carve_lab::DeviceTestKernels;
 
 const N: usize = 1 << 18; // 1 MiB of u32
 

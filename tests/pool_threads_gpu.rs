@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use carve::resource::PoolOptions;
 use carve::{CudaMemoryResource, DeviceBuffer, PoolMemoryResource, SharedResource};
 use carve_kernels::smoke::pattern;
+use carve_lab::DeviceTestKernels;
 
 const MIB: usize = 1 << 20;
 const THREADS: u64 = 16;

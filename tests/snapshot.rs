@@ -10,6 +10,7 @@ use carve::adaptor::TrackingResourceAdaptor;
 use carve::resource::PoolOptions;
 use carve::snapshot::{Action, BlockState, Snapshot};
 use carve::{HostMemoryResource, MemoryResource, PoolMemoryResource, StreamRef};
+use carve_lab::snapshot::ReadSnapshot;
 
 fn checker() -> Option<PathBuf> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshot/check_snapshot.py");

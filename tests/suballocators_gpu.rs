@@ -14,6 +14,7 @@ use carve::{
     ArenaMemoryResource, BinningMemoryResource, CudaMemoryResource, Device, DeviceVec,
     FixedSizeMemoryResource, MemoryResource, PoolMemoryResource, Stream, StreamRef,
 };
+use carve_lab::DeviceTestKernels;
 use common::Model;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};

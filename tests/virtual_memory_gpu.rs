@@ -14,6 +14,7 @@ use carve::{
     Stream, VirtualMemoryResource,
 };
 use carve_kernels::smoke::pattern;
+use carve_lab::DeviceTestKernels;
 
 const MIB: usize = 1 << 20;
 

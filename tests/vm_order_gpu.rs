@@ -15,6 +15,7 @@ use carve::{
     require_gpu, Device, ExpandableMemoryResource, MemoryResource, Stream, VirtualMemoryResource,
 };
 use carve_kernels::smoke::pattern;
+use carve_lab::DeviceTestKernels;
 
 /// One test at a time: the resources synchronise the whole device, and each test holds a
 /// stream.

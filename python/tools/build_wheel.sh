@@ -33,7 +33,7 @@ CARGO_TARGET_DIR="$root/target/python" "$venv/bin/maturin" build --release --str
 
 cp -r python/tests "$out/python/"
 cp -r include "$out/"
-cp -r bench/python "$out/bench/"
+cp -r lab/bench/python "$out/bench/"
 cp examples/numba_heap.py "$out/examples/"
 find "$out" -name __pycache__ -prune -exec rm -rf {} +
 

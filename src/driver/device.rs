@@ -17,7 +17,6 @@ struct Inner {
     ordinal: usize,
     ctx: Arc<CudaContext>,
     kernels: OnceLock<Result<Kernels, String>>,
-    test_kernels: OnceLock<Result<Kernels, String>>,
 }
 
 /// What `carve info` prints about a device.
@@ -75,7 +74,6 @@ impl Device {
                 ordinal,
                 ctx,
                 kernels: OnceLock::new(),
-                test_kernels: OnceLock::new(),
             }),
         };
         Ok(slot.get_or_init(|| dev).clone())
@@ -241,21 +239,9 @@ impl Device {
 
     /// carve's shipped module ([`super::PTX`]), loaded into this context on first use.
     pub fn kernels(&self) -> Result<&Kernels> {
-        self.load_once(&self.inner.kernels, super::PTX)
-    }
-
-    /// The test and benchmark kernels ([`super::TEST_PTX`]), loaded on first use.
-    #[doc(hidden)]
-    pub fn test_kernels(&self) -> Result<&Kernels> {
-        self.load_once(&self.inner.test_kernels, super::TEST_PTX)
-    }
-
-    fn load_once<'a>(
-        &self,
-        slot: &'a OnceLock<Result<Kernels, String>>,
-        ptx: &str,
-    ) -> Result<&'a Kernels> {
-        slot.get_or_init(|| Kernels::load(self, ptx).map_err(|e| e.to_string()))
+        self.inner
+            .kernels
+            .get_or_init(|| Kernels::load(self, super::PTX).map_err(|e| e.to_string()))
             .as_ref()
             .map_err(|e| Error::Unsupported(format!("loading carve's PTX module: {e}")))
     }

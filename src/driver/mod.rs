@@ -13,7 +13,7 @@ mod stream;
 
 pub use device::{Device, DeviceProperties, MemInfo};
 pub use link::{link_ptx, LinkedModule, PtxInput};
-pub use module::{exported_symbols, kernel_names, Kernels, PTX, SHIPPED_SYMBOLS, TEST_PTX};
+pub use module::{exported_symbols, kernel_names, Kernels, PTX, SHIPPED_SYMBOLS};
 pub use stream::{Event, Stream};
 
 use std::sync::OnceLock;

@@ -40,18 +40,14 @@
 //!   and its new segments are mapped inside it, so that the kernels still find a pointer's class
 //!   from its address. [`DeviceHeap::general`] heaps do not grow.
 
-#[cfg(feature = "cli")]
-pub mod cli;
 mod foreign;
 mod general_growth;
 mod growth;
-mod launch;
 mod mapped;
 mod stats;
 
 pub use foreign::ForeignHeapPlan;
 pub use growth::{GrowOptions, GrowthPolicy, GrowthReport, TrimReport};
-pub use launch::HeapKernels;
 pub use stats::HeapStats;
 
 mod device_heap;

@@ -50,8 +50,6 @@ pub use pinned::{
 };
 pub use pool::{PoolMemoryResource, PoolOptions, PoolStats};
 pub use simulated::{SimulatedMemoryResource, SimulatedUsage};
-#[cfg(feature = "cli")]
-pub(crate) use stream_order::default_order;
 pub(crate) use stream_order::order_for;
 pub use stream_order::{
     CheckedCounts, CheckedOrder, CheckedResource, CountingOrder, CudaOrder, HostOrder, OrderCounts,

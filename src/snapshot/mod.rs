@@ -5,7 +5,7 @@
 //! A [`Snapshot`] holds the reserved **segments**, each tiled by its **blocks** (allocated or
 //! free), and per device a **trace** of events (`alloc`, `free_requested`, `free_completed`,
 //! `segment_alloc`, `segment_free`, `oom`). [`Snapshot::to_pickle`] writes it as a pickled dict
-//! with PyTorch's field names; [`Snapshot::from_pickle`] reads PyTorch's own snapshots back.
+//! with PyTorch's field names; the lab (`carve-lab`) reads PyTorch's own snapshots back.
 //!
 //! [`TrackingResourceAdaptor`](crate::adaptor::TrackingResourceAdaptor) records the trace
 //! (`record_history`) and builds snapshots; `carve replay --snapshot` writes one per replay.
@@ -13,7 +13,6 @@
 mod build;
 mod frames;
 mod pickle;
-mod unpickle;
 
 pub use build::{BlockSpan, SegmentSpan, MAX_DEVICES};
 pub use frames::frames_of;
@@ -54,7 +53,8 @@ impl BlockState {
         }
     }
 
-    fn parse(s: &str) -> Option<Self> {
+    /// The state PyTorch's name stands for, or `None` for a name it does not use.
+    pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "active_allocated" => BlockState::ActiveAllocated,
             "active_pending_free" => BlockState::ActivePendingFree,
@@ -156,7 +156,8 @@ impl Action {
         }
     }
 
-    fn parse(s: &str) -> Self {
+    /// The action PyTorch's name stands for ([`Action::Other`] for a name carve does not model).
+    pub fn parse(s: &str) -> Self {
         match s {
             "alloc" => Action::Alloc,
             "free_requested" => Action::FreeRequested,
@@ -203,21 +204,10 @@ impl Snapshot {
         pickle::to_pickle(self)
     }
 
-    /// Reads a pickled snapshot (PyTorch's or carve's). A bare list is read as the segments
-    /// alone, as `torch.cuda._memory_viz` does.
-    pub fn from_pickle(bytes: &[u8]) -> Result<Snapshot> {
-        pickle::from_pickle(bytes)
-    }
-
     /// Writes [`to_pickle`](Self::to_pickle) to `path`.
     pub fn write(&self, path: impl AsRef<Path>) -> Result<()> {
         std::fs::write(path, self.to_pickle()?)?;
         Ok(())
-    }
-
-    /// Reads a pickled snapshot from `path`.
-    pub fn read(path: impl AsRef<Path>) -> Result<Snapshot> {
-        Self::from_pickle(&std::fs::read(path)?)
     }
 
     /// Checks what `torch.cuda._memory_viz` relies on: blocks tile their segment exactly, in

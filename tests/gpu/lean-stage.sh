@@ -11,7 +11,7 @@ cpu_only=(fuzz conformance_cpu carve_bench replay replay_observe lockstep_warp g
   suballocator_models suballocator_behaviour suballocator_stress adaptors bounded_memory
   fault_injection logging_failures no_gpu order_faults_fixed_size order_faults_pool_arena
   order_faults_vm per_thread_streams pool_arena_failures snapshot teardown_errors vm_teardown c_abi
-  hostile divergent_warps)
+  hostile divergent_warps carve_lab)
 for t in "${cpu_only[@]}"; do
   rm -f bin/"$t"-*
   sed -i "/ $t-/d" manifest

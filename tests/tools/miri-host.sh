@@ -17,15 +17,15 @@ cd "$(dirname "$0")/../.."
 toolchain=${CARVE_MIRI_TOOLCHAIN:-nightly-2026-10-30}
 rustup toolchain install "$toolchain" --profile minimal --component miri,rust-src
 export MIRIFLAGS="${MIRIFLAGS:--Zmiri-permissive-provenance}"
-# The library without the CLI's dependencies: one build of carve serves its tests and the C ABI.
+# One build of carve serves its tests and the C ABI.
 miri() { CARGO_TARGET_DIR="target/miri-$toolchain" cargo +"$toolchain" miri test -q "$@"; }
 
 capi_skips=(--skip c_program --skip need_a_device --skip every_suballocator)
 
 if [[ ${1:-} == --ci ]]; then
-  miri -p carve --no-default-features --lib -- \
+  miri -p carve --lib -- \
     resource::fixed_size resource::pool resource::limits --skip threads_never_pop
-  miri -p carve --no-default-features --test suballocator_behaviour -- --exact \
+  miri -p carve --test suballocator_behaviour -- --exact \
     fixed_size_refuses_what_it_cannot_serve_and_hands_streams_over_once \
     fixed_size_hands_sealed_blocks_over_with_one_wait_on_the_last_mark \
     a_block_freed_on_another_stream_is_reused_after_one_event_wait
@@ -33,8 +33,8 @@ if [[ ${1:-} == --ci ]]; then
   exit 0
 fi
 
-miri -p carve --no-default-features --lib -- \
+miri -p carve --lib -- \
   resource::fixed_size resource::pool resource::limits resource::host resource::simulated \
   adaptor::fault_injection adaptor::statistics --skip threads_never_pop
-miri -p carve --no-default-features --test suballocator_behaviour -- --skip growth_stops_doubling
+miri -p carve --test suballocator_behaviour -- --skip growth_stops_doubling
 miri -p carve-capi --lib --test hostile --test c_abi -- "${capi_skips[@]}"
