@@ -4,9 +4,9 @@ use std::ptr::NonNull;
 
 use cudarc::driver::{result, sys};
 
-use super::{check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::driver::Device;
 use crate::error::{Error, Result};
+use crate::resource::{check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::stream::StreamRef;
 
 const NAME: &str = "CudaMemoryResource";

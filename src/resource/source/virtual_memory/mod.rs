@@ -59,11 +59,13 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use self::pages::{Pages, Settled};
-use super::coalescing::core::{allocate_from, footprint, Placer, PoolCore, Reach, GRAIN};
-use super::StreamOrder;
-use super::{align_up, check_request, order_for, CudaOrder, MemoryResource, Properties};
 use crate::driver::Device;
 use crate::error::{Error, Result};
+use crate::resource::engine::coalescing::core::{
+    allocate_from, footprint, Placer, PoolCore, Reach, GRAIN,
+};
+use crate::resource::StreamOrder;
+use crate::resource::{align_up, check_request, order_for, CudaOrder, MemoryResource, Properties};
 use crate::stream::StreamRef;
 
 pub(crate) const NAME: &str = "VirtualMemoryResource";

@@ -2,8 +2,8 @@
 //! front, so a count that no machine could hold (a C or Python caller passing `SIZE_MAX`) is
 //! refused as [`Error::InvalidArgument`] instead of aborting on a failed allocation.
 
-use super::{ArenaOptions, FixedSizeOptions, PoolOptions};
 use crate::error::{Error, Result};
+use crate::resource::{ArenaOptions, FixedSizeOptions, PoolOptions};
 
 impl PoolOptions {
     /// The most shards a pool takes (`shards` above this is [`Error::InvalidArgument`]).

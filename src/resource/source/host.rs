@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
-use super::{check_request, MemoryResource, Properties};
 use crate::error::{Error, Result};
+use crate::resource::{check_request, MemoryResource, Properties};
 use crate::stream::StreamRef;
 
 const NAME: &str = "HostMemoryResource";

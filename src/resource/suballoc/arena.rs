@@ -24,13 +24,15 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::coalescing::core::{allocate_from, footprint, free_into, PoolCore, Reach, GRAIN};
-use super::stream_order::default_order;
-use super::{
+use crate::error::{Error, Result};
+use crate::resource::engine::coalescing::core::{
+    allocate_from, footprint, free_into, PoolCore, Reach, GRAIN,
+};
+use crate::resource::engine::stream_order::default_order;
+use crate::resource::{
     check_request, MemoryResource, PoolMemoryResource, PoolOptions, PoolStats, Properties,
     StreamOrder,
 };
-use crate::error::{Error, Result};
 use crate::stream::{StreamId, StreamRef};
 
 const NAME: &str = "ArenaMemoryResource";
@@ -114,14 +116,19 @@ impl<R: MemoryResource> ArenaMemoryResource<R> {
     pub fn new(upstream: R, options: ArenaOptions) -> Result<Self> {
         let superblock = match options.superblock_size {
             0 => 32 << 20,
-            n => super::align_up(n, GRAIN).ok_or(Error::SizeOverflow {
+            n => crate::resource::align_up(n, GRAIN).ok_or(Error::SizeOverflow {
                 bytes: n,
                 align: GRAIN,
             })?,
         };
         let arenas = match options.arenas {
             0 => 2 * std::thread::available_parallelism().map_or(4, |n| n.get()),
-            n => super::limits::count(NAME, "arenas", n, ArenaOptions::MAX_ARENAS)?,
+            n => crate::resource::suballoc::limits::count(
+                NAME,
+                "arenas",
+                n,
+                ArenaOptions::MAX_ARENAS,
+            )?,
         };
         let mut global_opts = options.global;
         let order = match &global_opts.order {

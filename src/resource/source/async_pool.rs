@@ -15,11 +15,11 @@ use std::sync::Arc;
 
 use cudarc::driver::{sys, DriverError};
 
-use super::ledger::Ledger;
 use super::location::{check_ordinal, Location};
-use super::{check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::driver::Device;
 use crate::error::{Error, Result};
+use crate::resource::engine::ledger::Ledger;
+use crate::resource::{check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::stream::StreamRef;
 
 const NAME: &str = "AsyncMemoryResource";

@@ -14,11 +14,11 @@ use bytemuck::Pod;
 use cudarc::driver::sys;
 
 use super::host_buffer::HostBuffer;
-use super::ledger::Ledger;
 use super::location::Location;
-use super::{check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::driver::{Device, Stream};
 use crate::error::{Error, Result};
+use crate::resource::engine::ledger::Ledger;
+use crate::resource::{check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::stream::StreamRef;
 
 const NAME: &str = "ManagedMemoryResource";

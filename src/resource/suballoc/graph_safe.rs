@@ -14,9 +14,11 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::{HostOrder, MemoryResource, PoolMemoryResource, PoolOptions, PoolStats, Properties};
 use crate::driver::Device;
 use crate::error::{Error, Result};
+use crate::resource::{
+    HostOrder, MemoryResource, PoolMemoryResource, PoolOptions, PoolStats, Properties,
+};
 use crate::stream::{StreamId, StreamRef};
 
 const NAME: &str = "GraphSafeMemoryResource";

@@ -17,10 +17,10 @@ use bytemuck::Pod;
 use cudarc::driver::sys;
 
 use super::host_buffer::HostBuffer;
-use super::ledger::Ledger;
-use super::{check_request, MemoryResource, Properties};
 use crate::driver::Device;
 use crate::error::{Error, Result};
+use crate::resource::engine::ledger::Ledger;
+use crate::resource::{check_request, MemoryResource, Properties};
 use crate::stream::StreamRef;
 
 const NAME: &str = "PinnedHostMemoryResource";

@@ -19,10 +19,10 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::MemoryResource;
 use crate::driver::Device;
 use crate::error::Error;
 use crate::error::Result;
+use crate::resource::MemoryResource;
 use crate::stream::{StreamId, StreamRef};
 
 /// A suballocator marks a stream at most once per this many frees on it, and only if some
@@ -180,7 +180,7 @@ pub struct CountingOrder {
     waits: AtomicU64,
     device_syncs: AtomicU64,
     stream_syncs: AtomicU64,
-    clock: super::CallClock,
+    clock: crate::resource::CallClock,
 }
 
 /// What a [`CountingOrder`] was asked for.
@@ -211,7 +211,7 @@ impl CountingOrder {
             waits: AtomicU64::new(0),
             device_syncs: AtomicU64::new(0),
             stream_syncs: AtomicU64::new(0),
-            clock: super::CallClock::default(),
+            clock: crate::resource::CallClock::default(),
         }
     }
 
@@ -265,7 +265,7 @@ pub(crate) fn default_order<R: MemoryResource + ?Sized>(
 /// The ordering memory with `properties` on `device` needs (see [`default_order`]); `source`
 /// names where it comes from in the error.
 pub(crate) fn order_for(
-    properties: super::Properties,
+    properties: crate::resource::Properties,
     device: Option<Device>,
     source: &dyn fmt::Debug,
 ) -> Result<Arc<dyn StreamOrder>> {

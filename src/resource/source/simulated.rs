@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
-use super::{align_up, check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::error::{Error, Result};
+use crate::resource::{align_up, check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::stream::StreamRef;
 
 const NAME: &str = "SimulatedMemoryResource";

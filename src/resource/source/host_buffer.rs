@@ -1,6 +1,6 @@
 //! An owned array of `T: Pod` in host-accessible memory (managed, pinned or plain host), with
-//! safe host views. [`ManagedBuffer`](super::ManagedBuffer) and
-//! [`PinnedBuffer`](super::PinnedBuffer) are this type over their resources, plus what each kind
+//! safe host views. [`ManagedBuffer`](crate::resource::ManagedBuffer) and
+//! [`PinnedBuffer`](crate::resource::PinnedBuffer) are this type over their resources, plus what each kind
 //! of memory adds (prefetch and advice; the mapped device pointer).
 
 use std::fmt;
@@ -9,9 +9,9 @@ use std::ptr::NonNull;
 
 use bytemuck::Pod;
 
-use super::MemoryResource;
 use crate::buffer::{release_in_drop, release_once};
 use crate::error::{Error, Result};
+use crate::resource::MemoryResource;
 use crate::stream::StreamRef;
 
 /// `len` elements of `T` that the host may read and write through [`as_slice`](Self::as_slice).

@@ -37,10 +37,10 @@ use crate::error::{Error, Result};
 use crate::resource::{align_up, DEFAULT_ALIGNMENT};
 use crate::stream::{StreamId, StreamRef};
 
-use super::super::stream_order::MARK_EVERY;
+use crate::resource::engine::stream_order::MARK_EVERY;
 
 mod placed;
-use super::super::StreamOrder;
+use crate::resource::StreamOrder;
 pub(crate) use placed::Placer;
 
 /// Every block is a multiple of this, at an address aligned to it.

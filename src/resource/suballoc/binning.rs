@@ -12,11 +12,11 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::{
+use crate::error::{Error, Result};
+use crate::resource::{
     check_request, FixedSizeMemoryResource, FixedSizeOptions, MemoryResource, PoolMemoryResource,
     PoolOptions, Properties, SharedResource, StreamOrder, DEFAULT_ALIGNMENT,
 };
-use crate::error::{Error, Result};
 use crate::stream::StreamRef;
 
 const NAME: &str = "BinningMemoryResource";

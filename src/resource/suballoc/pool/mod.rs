@@ -3,7 +3,7 @@
 //!
 //! Unlike RMM's pool, free blocks are indexed in O(1) size classes and coalesce through
 //! neighbour links (so it does not collapse with many live blocks), a free records no event
-//! (a stream is marked once per [`MARK_EVERY`](super::MARK_EVERY) frees), and
+//! (a stream is marked once per [`MARK_EVERY`](crate::resource::MARK_EVERY) frees), and
 //! [`release`](PoolMemoryResource::release) returns empty chunks.
 //!
 //! **Shards.** Streams are spread over *shards* (round-robin on first use, see [`shards`]),
@@ -49,11 +49,13 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use self::shards::ShardMap;
-use super::coalescing::core::{allocate_from, footprint, free_into, PoolCore, Reach, GRAIN};
-use super::stream_order::default_order;
-use super::{align_up, check_request, MemoryResource, Properties, StreamOrder};
 use crate::driver::Device;
 use crate::error::{Error, Result};
+use crate::resource::engine::coalescing::core::{
+    allocate_from, footprint, free_into, PoolCore, Reach, GRAIN,
+};
+use crate::resource::engine::stream_order::default_order;
+use crate::resource::{align_up, check_request, MemoryResource, Properties, StreamOrder};
 use crate::stream::{StreamId, StreamRef};
 
 /// The smallest slab a shard takes from the global core.
@@ -215,7 +217,12 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
         }
         let shards = match options.shards {
             0 => (2 * std::thread::available_parallelism().map_or(4, |n| n.get())).max(8),
-            n => super::limits::count(NAME, "shards", n, PoolOptions::MAX_SHARDS)?,
+            n => crate::resource::suballoc::limits::count(
+                NAME,
+                "shards",
+                n,
+                PoolOptions::MAX_SHARDS,
+            )?,
         };
         let pool = PoolMemoryResource {
             inner: Arc::new(Inner {

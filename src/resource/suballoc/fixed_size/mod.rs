@@ -3,7 +3,7 @@
 //!
 //! **Streams.** Each stream gets its own stacks (one of a fixed set of slots), so a block freed
 //! on stream A is reused on A at once and no free records an event. Frees go to A's *fresh*
-//! stack; while some stream runs short, every [`MARK_EVERY`](super::MARK_EVERY) frees A is
+//! stack; while some stream runs short, every [`MARK_EVERY`](crate::resource::MARK_EVERY) frees A is
 //! marked and its fresh blocks move to its *sealed* stack. A stream whose stacks run dry takes,
 //! under a lock that only this slow path takes: the shared ready stack; else another stream's
 //! whole sealed stack (one wait on that stream's last mark); else, if the blocks free elsewhere
@@ -47,9 +47,11 @@ use std::ptr::NonNull;
 use self::lookup::SlabLookup;
 use self::slots::Slot;
 use self::stack::{Links, TaggedStack, NIL};
-use super::stream_order::default_order;
-use super::{align_up, check_request, MemoryResource, Properties, StreamOrder, DEFAULT_ALIGNMENT};
 use crate::error::{Error, Result};
+use crate::resource::engine::stream_order::default_order;
+use crate::resource::{
+    align_up, check_request, MemoryResource, Properties, StreamOrder, DEFAULT_ALIGNMENT,
+};
 use crate::stream::StreamRef;
 use crate::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -61,7 +63,7 @@ const GRAIN: usize = DEFAULT_ALIGNMENT;
 
 /// Frees per mark: loom models use 2, so that sealing races with stealing in a small model.
 #[cfg(not(carve_loom))]
-const FREES_PER_MARK: u32 = super::stream_order::MARK_EVERY;
+const FREES_PER_MARK: u32 = crate::resource::engine::stream_order::MARK_EVERY;
 #[cfg(carve_loom)]
 const FREES_PER_MARK: u32 = 2;
 
@@ -275,7 +277,12 @@ impl<R: MemoryResource> FixedSizeMemoryResource<R> {
         let index_limit = (NIL as usize - 1) / per_slab as usize;
         let max_slabs = match options.max_refills {
             0 => 16384,
-            n => super::limits::count(NAME, "max_refills", n, FixedSizeOptions::MAX_REFILLS)?,
+            n => crate::resource::suballoc::limits::count(
+                NAME,
+                "max_refills",
+                n,
+                FixedSizeOptions::MAX_REFILLS,
+            )?,
         }
         .min(index_limit);
         let order = match options.order {

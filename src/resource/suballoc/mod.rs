@@ -1,0 +1,8 @@
+//! Suballocators: resources that carve blocks out of an upstream resource's memory.
+
+pub(crate) mod arena;
+pub(crate) mod binning;
+pub(crate) mod fixed_size;
+pub(crate) mod graph_safe;
+pub(crate) mod limits;
+pub(crate) mod pool;
