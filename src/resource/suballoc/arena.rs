@@ -25,8 +25,8 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::error::{Error, Result};
-use crate::resource::engine::coalescing::core::{
-    allocate_from, footprint, free_into, PoolCore, Reach, GRAIN,
+use crate::resource::engine::coalescing::{
+    allocate_from, footprint, free_into, OnStream, PoolCore, Reach, GRAIN,
 };
 use crate::resource::engine::stream_order::default_order;
 use crate::resource::{
@@ -271,14 +271,13 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
         let arena = &self.inner.arenas[self.my_arena()];
         let order = &*self.inner.order;
         // Taken once, outside the lock: a default stream's id asks the driver.
-        let id = stream.id();
+        let on = OnStream::new(stream);
+        let id = on.id;
         let (_, needed) = footprint(bytes, align).ok_or(Error::SizeOverflow { bytes, align })?;
         {
             let mut core = lock(arena);
             let index = &mut core.index;
-            if let Some(p) =
-                allocate_from(index, order, stream, id, bytes, align, Reach::Events, None)?
-            {
+            if let Some(p) = allocate_from(index, order, on, bytes, align, Reach::Events, None)? {
                 return Ok(p);
             }
             // At least half the arena is free, yet nothing fits, and other streams hold free
@@ -319,17 +318,10 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
             Err(e) if e.is_out_of_memory() => {
                 let mut core = lock(arena);
                 let reach = Reach::Synchronize;
-                Ok(allocate_from(
-                    &mut core.index,
-                    order,
-                    stream,
-                    id,
-                    bytes,
-                    align,
-                    reach,
-                    None,
-                )?
-                .ok_or(e)?)
+                Ok(
+                    allocate_from(&mut core.index, order, on, bytes, align, reach, None)?
+                        .ok_or(e)?,
+                )
             }
             Err(e) => Err(e),
         }
@@ -364,7 +356,8 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
         let mine = self.my_arena();
         let n = self.inner.arenas.len();
         // Usually the allocating thread frees; otherwise search the other arenas.
-        let id = stream.id();
+        let on = OnStream::new(stream);
+        let id = on.id;
         let mut first_err = None;
         for i in (0..n).map(|k| (mine + k) % n) {
             let arena = &self.inner.arenas[i];
@@ -377,8 +370,7 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
                 &mut core.index,
                 &*self.inner.order,
                 NAME,
-                stream,
-                id,
+                on,
                 addr,
                 bytes,
                 false,

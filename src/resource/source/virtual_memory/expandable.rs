@@ -47,8 +47,7 @@ pub struct ExpandableOptions {
 impl ExpandableOptions {
     /// [`ExpandableOptions::headroom`]'s default. Creating chunks instead of moving free pages
     /// then never takes what the pool holds past 1.05× the most bytes live; on five PyTorch
-    /// training traces, ten passes each, it moved 0 to 7 pages in all (BENCHMARKS.md, 2026-11-25,
-    /// tenth session).
+    /// training traces, ten passes each, it moved 0 to 7 pages in all.
     pub const DEFAULT_HEADROOM: f64 = 0.05;
 }
 

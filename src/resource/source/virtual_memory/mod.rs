@@ -61,8 +61,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use self::pages::{Pages, Settled};
 use crate::driver::Device;
 use crate::error::{Error, Result};
-use crate::resource::engine::coalescing::core::{
-    allocate_from, footprint, Placer, PoolCore, Reach, GRAIN,
+use crate::resource::engine::coalescing::{
+    allocate_from, footprint, OnStream, Placer, PoolCore, Reach, GRAIN,
 };
 use crate::resource::StreamOrder;
 use crate::resource::{align_up, check_request, order_for, CudaOrder, MemoryResource, Properties};
@@ -391,8 +391,7 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
         let found = match allocate_from(
             &mut st.core,
             order,
-            stream,
-            stream.id(),
+            OnStream::new(stream),
             bytes,
             align,
             reach,
@@ -404,8 +403,7 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
                 allocate_from(
                     &mut st.core,
                     order,
-                    stream,
-                    stream.id(),
+                    OnStream::new(stream),
                     bytes,
                     align,
                     reach,

@@ -13,7 +13,7 @@ use std::cell::{Cell, RefCell};
 use super::backing::{PhysicalBacking, PhysicalHandle};
 use crate::error::{Error, Result};
 #[cfg(doc)]
-use crate::resource::engine::coalescing::core::Placer;
+use crate::resource::engine::coalescing::Placer;
 use crate::resource::StreamOrder;
 use crate::stream::StreamRef;
 

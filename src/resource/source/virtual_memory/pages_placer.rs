@@ -1,7 +1,7 @@
 //! [`Placer`] for the page table: what a block costs in pages to map.
 
 use super::Pages;
-use crate::resource::engine::coalescing::core::Placer;
+use crate::resource::engine::coalescing::Placer;
 
 /// A block costs the pages it would have to map: so when free memory lies on mapped pages, a
 /// block goes there rather than moving chunks to where the best fit lies.

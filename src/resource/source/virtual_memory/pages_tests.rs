@@ -4,7 +4,7 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
 use super::*;
-use crate::resource::engine::coalescing::core::Placer;
+use crate::resource::engine::coalescing::Placer;
 
 const GRAIN: usize = 256;
 

@@ -51,8 +51,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use self::shards::ShardMap;
 use crate::driver::Device;
 use crate::error::{Error, Result};
-use crate::resource::engine::coalescing::core::{
-    allocate_from, footprint, free_into, PoolCore, Reach, GRAIN,
+use crate::resource::engine::coalescing::{
+    allocate_from, footprint, free_into, OnStream, PoolCore, Reach, GRAIN,
 };
 use crate::resource::engine::stream_order::default_order;
 use crate::resource::{align_up, check_request, MemoryResource, Properties, StreamOrder};
@@ -278,8 +278,7 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
                 let got = allocate_from(
                     global,
                     &*self.inner.order,
-                    stream,
-                    stream.id(),
+                    OnStream::new(stream),
                     want,
                     GRAIN,
                     Reach::Events,
@@ -373,8 +372,7 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
     fn free_in_shard(
         &self,
         i: usize,
-        stream: StreamRef<'_>,
-        id: StreamId,
+        on: OnStream<'_>,
         addr: usize,
         bytes: usize,
         foreign: bool,
@@ -386,7 +384,7 @@ impl<R: MemoryResource> PoolMemoryResource<R> {
         // is short of contiguous room take and return small slabs over and over. Slabs go back
         // only when the upstream is exhausted (`gather`) and in `release`.
         let order = &*self.inner.order;
-        match free_into(&mut core, order, NAME, stream, id, addr, bytes, foreign) {
+        match free_into(&mut core, order, NAME, on, addr, bytes, foreign) {
             Ok(_) => Ok(true),
             Err(Error::UnknownPointer { .. }) => Ok(false),
             Err(e) => Err(e),
@@ -403,22 +401,16 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
         let align = check_request(bytes, align, GRAIN)?;
         let (_, needed) = footprint(bytes, align).ok_or(Error::SizeOverflow { bytes, align })?;
         // Taken once: a default stream's id asks the driver for the current context.
-        let id = stream.id();
+        let on = OnStream::new(stream);
+        let id = on.id;
         let shard = &self.inner.shards[self.inner.map.shard_of(id)];
         let order = &*self.inner.order;
         loop {
             let held = {
                 let mut core = lock(&shard.core);
-                if let Some(p) = allocate_from(
-                    &mut core,
-                    order,
-                    stream,
-                    id,
-                    bytes,
-                    align,
-                    Reach::Events,
-                    None,
-                )? {
+                if let Some(p) =
+                    allocate_from(&mut core, order, on, bytes, align, Reach::Events, None)?
+                {
                     return Ok(p);
                 }
                 // At least half the shard is free, yet nothing fits, and other streams hold
@@ -459,16 +451,8 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
                     drop(global);
                     for other in self.inner.shards.iter() {
                         let mut core = lock(&other.core);
-                        let got = allocate_from(
-                            &mut core,
-                            order,
-                            stream,
-                            id,
-                            bytes,
-                            align,
-                            Reach::Events,
-                            None,
-                        )?;
+                        let got =
+                            allocate_from(&mut core, order, on, bytes, align, Reach::Events, None)?;
                         if let Some(p) = got {
                             return Ok(p);
                         }
@@ -487,15 +471,16 @@ unsafe impl<R: MemoryResource> MemoryResource for PoolMemoryResource<R> {
         _align: usize,
     ) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
-        let id = stream.id();
+        let on = OnStream::new(stream);
+        let id = on.id;
         let mine = self.inner.map.shard_of(id);
-        if self.free_in_shard(mine, stream, id, addr, bytes, false)? {
+        if self.free_in_shard(mine, on, addr, bytes, false)? {
             return Ok(());
         }
         // Allocated on a stream of another shard.
         let n = self.inner.shards.len();
         for i in (1..n).map(|k| (mine + k) % n) {
-            if self.free_in_shard(i, stream, id, addr, bytes, true)? {
+            if self.free_in_shard(i, on, addr, bytes, true)? {
                 return Ok(());
             }
         }

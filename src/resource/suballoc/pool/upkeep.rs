@@ -5,7 +5,7 @@ use std::sync::PoisonError;
 
 use super::{lock, non_null, Inner, PoolMemoryResource, PoolStats, NAME};
 use crate::error::Result;
-use crate::resource::engine::coalescing::core::{PoolCore, GRAIN};
+use crate::resource::engine::coalescing::{PoolCore, GRAIN};
 use crate::resource::MemoryResource;
 use crate::stream::{StreamId, StreamRef};
 

@@ -6,8 +6,9 @@
 
 use std::ptr::NonNull;
 
-use super::{fresh_bin, sealed_bin, PoolCore, ANY, GRAIN};
+use super::PoolCore;
 use crate::resource::align_up;
+use crate::resource::engine::coalescing::node::{fresh_bin, sealed_bin, ANY, GRAIN};
 use crate::stream::StreamId;
 
 /// At most this many free blocks are weighed per search.
