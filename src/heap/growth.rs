@@ -5,7 +5,7 @@
 //! a GPU.
 
 use std::fmt;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use carve_kernels::heap_layout::{self as layout, HeapHandle};
@@ -18,6 +18,7 @@ use crate::resource::{
     CudaBackingOptions, PhysicalBacking, SharedResource, VirtualMemoryResource, VirtualOptions,
     VirtualStats, DEFAULT_ALIGNMENT,
 };
+use crate::sync::lock;
 
 const NAME: &str = "DeviceHeap";
 
@@ -172,7 +173,7 @@ impl Growth {
 
     /// New failures of class `c` since the last call (remembering the count).
     pub(super) fn class_failures(&self, c: usize, failed: u64) -> u64 {
-        let mut seen = self.seen();
+        let mut seen = lock(&self.seen);
         if seen.class_failed.len() <= c {
             seen.class_failed.resize(c + 1, 0);
         }
@@ -183,22 +184,17 @@ impl Growth {
 
     /// Replaces the counters of removed segments.
     pub(super) fn set_retired(&self, retired: HeapStats) {
-        self.seen().retired = Some(retired);
-    }
-
-    fn seen(&self) -> MutexGuard<'_, Seen> {
-        // Plain data, consistent after any panic.
-        self.seen.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.seen).retired = Some(retired);
     }
 
     /// Forgets the counters: the heap's statistics restarted.
     pub(super) fn reset(&self) {
-        *self.seen() = Seen::default();
+        *lock(&self.seen) = Seen::default();
     }
 
     /// Counters and peaks of the segments trim removed.
     pub(super) fn retired(&self) -> Option<HeapStats> {
-        self.seen().retired
+        lock(&self.seen).retired
     }
 
     /// Device bytes a segment whose resource block is `raw_len` bytes takes.
@@ -314,7 +310,7 @@ impl DeviceHeap {
         }
         let s = self.stats()?;
         let failures = {
-            let mut seen = self.growth.seen();
+            let mut seen = lock(&self.growth.seen);
             let new = s.failed_allocs.saturating_sub(seen.failed);
             seen.failed = s.failed_allocs;
             new

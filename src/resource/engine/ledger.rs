@@ -10,7 +10,8 @@ use std::collections::HashMap;
 use std::ptr::NonNull;
 
 use crate::error::{Error, Result};
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::lock;
+use crate::sync::Mutex;
 
 /// Live blocks and byte counts of one resource (shared by its clones).
 #[derive(Debug)]
@@ -65,7 +66,7 @@ impl Ledger {
 
     /// Reserves `bytes` against the limit, or fails with [`Error::OutOfMemory`] naming it.
     pub(crate) fn admit(&self, bytes: usize) -> Result<Admission<'_>> {
-        let mut s = self.lock();
+        let mut s = lock(&self.state);
         if !fits(s.in_use, bytes, self.limit) {
             return Err(self.over_limit(bytes, s.in_use));
         }
@@ -95,7 +96,7 @@ impl Ledger {
     /// Removes a live block after checking it is ours and of this size. On error nothing changes.
     pub(crate) fn remove(&self, ptr: NonNull<u8>, bytes: usize) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
-        let mut s = self.lock();
+        let mut s = lock(&self.state);
         let allocated = *s.live.get(&addr).ok_or(Error::UnknownPointer {
             resource: self.resource,
             ptr: addr,
@@ -129,7 +130,7 @@ impl Ledger {
     /// Puts back a block that [`remove`](Self::remove) took out but the driver refused to free,
     /// so it is neither lost nor counted twice.
     pub(crate) fn restore(&self, ptr: NonNull<u8>, bytes: usize) {
-        let mut s = self.lock();
+        let mut s = lock(&self.state);
         if s.live.insert(ptr.as_ptr() as usize, bytes).is_none() {
             s.in_use += bytes;
             s.peak = s.peak.max(s.in_use);
@@ -138,22 +139,17 @@ impl Ledger {
 
     /// Bytes in live blocks (and in requests still at the driver).
     pub(crate) fn in_use(&self) -> usize {
-        self.lock().in_use
+        lock(&self.state).in_use
     }
 
     /// Highest [`in_use`](Self::in_use) seen.
     pub(crate) fn peak(&self) -> usize {
-        self.lock().peak
+        lock(&self.state).peak
     }
 
     /// Number of live blocks.
     pub(crate) fn count(&self) -> usize {
-        self.lock().live.len()
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // Every update is applied whole under the lock, so a poisoned state is still consistent.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.state).live.len()
     }
 }
 
@@ -163,13 +159,15 @@ impl Admission<'_> {
         let bytes = self.bytes;
         let ledger = self.ledger;
         std::mem::forget(self);
-        ledger.lock().live.insert(ptr.as_ptr() as usize, bytes);
+        lock(&ledger.state)
+            .live
+            .insert(ptr.as_ptr() as usize, bytes);
     }
 }
 
 impl Drop for Admission<'_> {
     fn drop(&mut self) {
-        self.ledger.lock().in_use -= self.bytes;
+        lock(&self.ledger.state).in_use -= self.bytes;
     }
 }
 

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use crate::error::{Error, Result};
 use crate::resource::{check_request, MemoryResource, Properties};
 use crate::stream::StreamRef;
+use crate::sync::lock;
 
 const NAME: &str = "HostMemoryResource";
 
@@ -28,18 +29,12 @@ impl HostMemoryResource {
 
     /// Bytes currently allocated through this handle and its clones.
     pub fn allocated_bytes(&self) -> usize {
-        self.lock().values().map(Layout::size).sum()
+        lock(&self.live).values().map(Layout::size).sum()
     }
 
     /// Number of live blocks.
     pub fn allocation_count(&self) -> usize {
-        self.lock().len()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Layout>> {
-        // A panic while holding this lock cannot leave the map half-updated (single insert or
-        // remove), so poisoning carries no information.
-        self.live.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.live).len()
     }
 }
 
@@ -58,7 +53,7 @@ unsafe impl MemoryResource for HostMemoryResource {
                 detail: "the system allocator returned null".into(),
             }
         })?;
-        self.lock().insert(ptr.as_ptr() as usize, layout);
+        lock(&self.live).insert(ptr.as_ptr() as usize, layout);
         Ok(ptr)
     }
 
@@ -71,7 +66,7 @@ unsafe impl MemoryResource for HostMemoryResource {
     ) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
         let layout = {
-            let mut live = self.lock();
+            let mut live = lock(&self.live);
             let layout = *live.get(&addr).ok_or(Error::UnknownPointer {
                 resource: NAME,
                 ptr: addr,

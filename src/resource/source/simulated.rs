@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use crate::error::{Error, Result};
 use crate::resource::{align_up, check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::stream::StreamRef;
+use crate::sync::lock;
 
 const NAME: &str = "SimulatedMemoryResource";
 
@@ -115,7 +116,7 @@ impl SimulatedMemoryResource {
 
     /// Occupancy now.
     pub fn usage(&self) -> SimulatedUsage {
-        let a = self.lock();
+        let a = lock(&self.inner);
         SimulatedUsage {
             capacity: self.capacity,
             used: a.used,
@@ -123,11 +124,6 @@ impl SimulatedMemoryResource {
             largest_free: a.largest_free(),
             live_blocks: a.live.len(),
         }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Arena> {
-        // Every critical section restores both free-list views before it can panic.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -142,7 +138,7 @@ unsafe impl MemoryResource for SimulatedMemoryResource {
         let need = len
             .checked_add(align - DEFAULT_ALIGNMENT)
             .ok_or(Error::SizeOverflow { bytes, align })?;
-        let mut a = self.lock();
+        let mut a = lock(&self.inner);
         let Some(&(free_len, start)) = a.by_size.range((need, 0)..).next() else {
             return Err(Error::OutOfMemory {
                 bytes,
@@ -174,7 +170,7 @@ unsafe impl MemoryResource for SimulatedMemoryResource {
         _align: usize,
     ) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
-        let mut a = self.lock();
+        let mut a = lock(&self.inner);
         let &(requested, len) = a.live.get(&addr).ok_or(Error::UnknownPointer {
             resource: NAME,
             ptr: addr,

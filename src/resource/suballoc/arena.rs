@@ -22,7 +22,7 @@
 
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 use crate::resource::engine::coalescing::{
@@ -34,6 +34,7 @@ use crate::resource::{
     StreamOrder,
 };
 use crate::stream::{StreamId, StreamRef};
+use crate::sync::lock;
 
 const NAME: &str = "ArenaMemoryResource";
 
@@ -106,11 +107,6 @@ fn thread_ticket() -> usize {
     TICKET.with(|t| *t)
 }
 
-fn lock(arena: &Arena) -> MutexGuard<'_, ArenaCore> {
-    // Core updates cannot panic midway, so a poisoned lock still guards a consistent core.
-    arena.core.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl<R: MemoryResource> ArenaMemoryResource<R> {
     /// Arenas over `upstream`.
     pub fn new(upstream: R, options: ArenaOptions) -> Result<Self> {
@@ -168,7 +164,7 @@ impl<R: MemoryResource> ArenaMemoryResource<R> {
         let mut superblocks = 0;
         let mut small = 0;
         for a in self.inner.arenas.iter() {
-            let c = lock(a);
+            let c = lock(&a.core);
             superblocks += c.index.chunk_count();
             small += c.index.in_use();
         }
@@ -186,7 +182,7 @@ impl<R: MemoryResource> ArenaMemoryResource<R> {
     /// Checks every arena's index and the global arena's.
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         for (i, a) in self.inner.arenas.iter().enumerate() {
-            lock(a)
+            lock(&a.core)
                 .index
                 .check_invariants()
                 .map_err(|e| format!("arena {i}: {e}"))?;
@@ -199,7 +195,10 @@ impl<R: MemoryResource> ArenaMemoryResource<R> {
 
     /// True when some arena holds a live block at `addr` (a block it carved).
     fn carved_by_an_arena(&self, addr: usize) -> bool {
-        self.inner.arenas.iter().any(|a| lock(a).index.owns(addr))
+        self.inner
+            .arenas
+            .iter()
+            .any(|a| lock(&a.core).index.owns(addr))
     }
 
     /// Returns empty superblocks to the global arena, then every wholly free upstream chunk of
@@ -211,7 +210,7 @@ impl<R: MemoryResource> ArenaMemoryResource<R> {
         {
             // Every arena is locked across the synchronisation, so no free slips in between it
             // and the merge.
-            let mut cores: Vec<_> = self.inner.arenas.iter().map(lock).collect();
+            let mut cores: Vec<_> = self.inner.arenas.iter().map(|a| lock(&a.core)).collect();
             self.inner.order.synchronize_all()?;
             let mut empty = Vec::new();
             for (i, core) in cores.iter_mut().enumerate() {
@@ -253,7 +252,7 @@ impl<R: MemoryResource> ArenaMemoryResource<R> {
         // was ordered on `stream`.
         let r = unsafe { self.inner.global.deallocate(stream, ptr, sb, GRAIN) };
         if r.is_err() {
-            lock(arena).index.add_chunk(base, sb, tag);
+            lock(&arena.core).index.add_chunk(base, sb, tag);
         }
         r
     }
@@ -275,7 +274,7 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
         let id = on.id;
         let (_, needed) = footprint(bytes, align).ok_or(Error::SizeOverflow { bytes, align })?;
         {
-            let mut core = lock(arena);
+            let mut core = lock(&arena.core);
             let index = &mut core.index;
             if let Some(p) = allocate_from(index, order, on, bytes, align, Reach::Events, None)? {
                 return Ok(p);
@@ -305,7 +304,7 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
         let sb = self.inner.superblock;
         match self.inner.global.allocate(stream, sb, GRAIN) {
             Ok(base) => {
-                let mut core = lock(arena);
+                let mut core = lock(&arena.core);
                 core.index.add_chunk(base.as_ptr() as usize, sb, Some(id));
                 core.index
                     .take(id, bytes, align)
@@ -316,7 +315,7 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
                     })
             }
             Err(e) if e.is_out_of_memory() => {
-                let mut core = lock(arena);
+                let mut core = lock(&arena.core);
                 let reach = Reach::Synchronize;
                 Ok(
                     allocate_from(&mut core.index, order, on, bytes, align, reach, None)?
@@ -361,7 +360,7 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
         let mut first_err = None;
         for i in (0..n).map(|k| (mine + k) % n) {
             let arena = &self.inner.arenas[i];
-            let mut core = lock(arena);
+            let mut core = lock(&arena.core);
             // The own arena needs no ownership probe: the free itself looks the block up.
             if i != mine && !core.index.owns(addr) {
                 continue;
@@ -412,7 +411,7 @@ unsafe impl<R: MemoryResource> MemoryResource for ArenaMemoryResource<R> {
 impl<R: MemoryResource> Drop for Inner<R> {
     fn drop(&mut self) {
         for a in self.arenas.iter() {
-            let core = lock(a);
+            let core = lock(&a.core);
             for (base, _) in core.index.chunks() {
                 if let Some(ptr) = NonNull::new(base as *mut u8) {
                     // SAFETY: every superblock came from the global arena with this size; the

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use crate::driver::Device;
 use crate::error::{Error, Result};
@@ -20,6 +20,7 @@ use crate::resource::{
     HostOrder, MemoryResource, PoolMemoryResource, PoolOptions, PoolStats, Properties,
 };
 use crate::stream::{StreamId, StreamRef};
+use crate::sync::lock;
 
 const NAME: &str = "GraphSafeMemoryResource";
 
@@ -69,20 +70,17 @@ impl SimulatedCapture {
     }
     /// `stream` is captured, in capture `id`, from now on.
     pub fn begin(&self, stream: StreamRef<'_>, id: u64) {
-        self.lock().insert(stream.id(), id);
+        lock(&self.captures).insert(stream.id(), id);
     }
     /// `stream`'s capture ended.
     pub fn end(&self, stream: StreamRef<'_>) {
-        self.lock().remove(&stream.id());
-    }
-    fn lock(&self) -> MutexGuard<'_, HashMap<StreamId, u64>> {
-        self.captures.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.captures).remove(&stream.id());
     }
 }
 
 impl CaptureQuery for SimulatedCapture {
     fn capture_id(&self, stream: StreamRef<'_>) -> Result<Option<u64>> {
-        Ok(self.lock().get(&stream.id()).copied())
+        Ok(lock(&self.captures).get(&stream.id()).copied())
     }
     fn relaxed(&self, f: &mut dyn FnMut()) {
         f()
@@ -213,7 +211,7 @@ impl<R: MemoryResource + Clone> GraphSafeMemoryResource<R> {
 
     /// Every graph pool's state.
     pub fn graph_pools(&self) -> Vec<GraphPoolStats> {
-        let pools = self.lock();
+        let pools = lock(&self.inner.pools);
         let mut out: Vec<GraphPoolStats> = pools
             .iter()
             .map(|(&capture, gp)| GraphPoolStats {
@@ -230,7 +228,7 @@ impl<R: MemoryResource + Clone> GraphSafeMemoryResource<R> {
     /// The capture whose pool holds `ptr`, if any.
     pub fn graph_pool_of(&self, ptr: NonNull<u8>) -> Option<u64> {
         let addr = ptr.as_ptr() as usize;
-        self.lock()
+        lock(&self.inner.pools)
             .iter()
             .find(|(_, gp)| gp.blocks.contains_key(&addr))
             .map(|(&id, _)| id)
@@ -244,7 +242,7 @@ impl<R: MemoryResource + Clone> GraphSafeMemoryResource<R> {
     /// live pointer into the pool may be used again.
     pub unsafe fn release_graph_pool(&self, capture: u64) -> Result<usize> {
         self.synchronize()?;
-        let Some(gp) = self.lock().remove(&capture) else {
+        let Some(gp) = lock(&self.inner.pools).remove(&capture) else {
             return Err(Error::InvalidArgument(format!(
                 "{NAME}: no graph pool for capture {capture}"
             )));
@@ -257,14 +255,14 @@ impl<R: MemoryResource + Clone> GraphSafeMemoryResource<R> {
 
     /// Upstream frees deferred by a capture and not done yet.
     pub fn pending_frees(&self) -> usize {
-        self.pending().len()
+        lock(&self.inner.pending).len()
     }
 
     /// Does the upstream frees a capture deferred, on `stream` (not captured), once the work
     /// queued before them (on streams that may be gone) is done.
     fn flush_pending(&self, stream: StreamRef<'_>) -> Result<()> {
         self.synchronize()?;
-        let pending = std::mem::take(&mut *self.pending());
+        let pending = std::mem::take(&mut *lock(&self.inner.pending));
         let mut first_error = Ok(());
         for (addr, bytes, align) in pending {
             let ptr = NonNull::new(addr as *mut u8).expect("pending frees are non-null");
@@ -276,13 +274,6 @@ impl<R: MemoryResource + Clone> GraphSafeMemoryResource<R> {
             }
         }
         first_error
-    }
-
-    fn pending(&self) -> MutexGuard<'_, Vec<(usize, usize, usize)>> {
-        self.inner
-            .pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Waits for the upstream's device (the query's idea of the device when the upstream has
@@ -302,14 +293,6 @@ impl<R: MemoryResource + Clone> GraphSafeMemoryResource<R> {
         }
         self.inner.query.capture_id(stream)
     }
-
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, GraphPool<R>>> {
-        // Map updates cannot panic midway.
-        self.inner
-            .pools
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
 }
 
 // SAFETY: blocks come from the upstream (outside capture) or from a private pool over it, both
@@ -317,12 +300,12 @@ impl<R: MemoryResource + Clone> GraphSafeMemoryResource<R> {
 unsafe impl<R: MemoryResource + Clone> MemoryResource for GraphSafeMemoryResource<R> {
     fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let Some(capture) = self.capture_of(stream)? else {
-            if !self.pending().is_empty() {
+            if !lock(&self.inner.pending).is_empty() {
                 self.flush_pending(stream)?;
             }
             return self.inner.upstream.allocate(stream, bytes, align);
         };
-        let mut pools = self.lock();
+        let mut pools = lock(&self.inner.pools);
         let gp = match pools.entry(capture) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
@@ -355,7 +338,7 @@ unsafe impl<R: MemoryResource + Clone> MemoryResource for GraphSafeMemoryResourc
     ) -> Result<()> {
         let addr = ptr.as_ptr() as usize;
         {
-            let mut pools = self.lock();
+            let mut pools = lock(&self.inner.pools);
             for gp in pools.values_mut() {
                 if let Some(block) = gp.blocks.get_mut(&addr) {
                     if block.2 {
@@ -379,10 +362,10 @@ unsafe impl<R: MemoryResource + Clone> MemoryResource for GraphSafeMemoryResourc
             }
         }
         if self.capture_of(stream)?.is_some() {
-            self.pending().push((addr, bytes, align));
+            lock(&self.inner.pending).push((addr, bytes, align));
             return Ok(());
         }
-        if !self.pending().is_empty() {
+        if !lock(&self.inner.pending).is_empty() {
             self.flush_pending(stream)?;
         }
         // SAFETY: not a graph block, so it came from the upstream: the caller's contract.

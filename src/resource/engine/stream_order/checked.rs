@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::DriverError;
@@ -26,6 +26,7 @@ use crate::driver::Device;
 use crate::error::{Error, Result};
 use crate::resource::{MemoryResource, Properties};
 use crate::stream::{StreamId, StreamRef};
+use crate::sync::lock;
 
 /// Which ordering calls fail or panic. Calls are numbered from 1 across all kinds.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -140,7 +141,7 @@ impl CheckedOrder {
 
     /// Replaces the faults (call numbering goes on).
     pub fn set_faults(&self, faults: OrderFaults) {
-        self.lock().faults = faults;
+        lock(&self.state).faults = faults;
     }
 
     /// Wraps the resource under test: blocks freed through it are tracked, and a block it hands
@@ -165,21 +166,17 @@ impl CheckedOrder {
 
     /// Every block handed to a stream before its free was ordered, described.
     pub fn violations(&self) -> Vec<String> {
-        self.lock().violations.clone()
+        lock(&self.state).violations.clone()
     }
 
     /// What was asked and injected so far.
     pub fn counts(&self) -> CheckedCounts {
-        self.lock().counts
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state).counts
     }
 
     /// Numbers a call and injects its fault; `Ok(state)` lets it take effect.
     fn call(&self, what: &'static str) -> Result<MutexGuard<'_, State>> {
-        let mut s = self.lock();
+        let mut s = lock(&self.state);
         s.counts.calls += 1;
         let n = s.counts.calls;
         if s.faults.fail.fails(n) {
@@ -200,7 +197,7 @@ impl CheckedOrder {
 
 impl fmt::Debug for CheckedOrder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = self.lock();
+        let s = lock(&self.state);
         f.debug_struct("CheckedOrder")
             .field("faults", &s.faults)
             .field("counts", &s.counts)
@@ -303,7 +300,7 @@ unsafe impl<R: MemoryResource> MemoryResource for CheckedResource<R> {
     fn allocate(&self, stream: StreamRef<'_>, bytes: usize, align: usize) -> Result<NonNull<u8>> {
         let p = self.inner.allocate(stream, bytes, align)?;
         if !self.upstream {
-            let mut s = self.order.lock();
+            let mut s = lock(&self.order.state);
             let start = p.as_ptr() as usize;
             for (from, t) in s.take(start, start.saturating_add(bytes)) {
                 if s.covered(from, t, stream.id()) {
@@ -334,13 +331,13 @@ unsafe impl<R: MemoryResource> MemoryResource for CheckedResource<R> {
         if self.upstream {
             // SAFETY: forwarded caller contract.
             unsafe { self.inner.deallocate(stream, ptr, bytes, align) }?;
-            self.order.lock().take(start, end);
+            lock(&self.order.state).take(start, end);
             return Ok(());
         }
         // The free is timed before the inner resource sees it: from then on another thread's
         // ordering call may cover it, and must count as later.
         let t = {
-            let mut s = self.order.lock();
+            let mut s = lock(&self.order.state);
             s.take(start, end);
             let t = s.tick();
             s.freed.insert(start, (end, stream.id(), t));
@@ -350,7 +347,7 @@ unsafe impl<R: MemoryResource> MemoryResource for CheckedResource<R> {
         let r = unsafe { self.inner.deallocate(stream, ptr, bytes, align) };
         if r.is_err() {
             // Still live: no free to track.
-            let mut s = self.order.lock();
+            let mut s = lock(&self.order.state);
             if s.freed.get(&start).is_some_and(|&(_, _, at)| at == t) {
                 s.freed.remove(&start);
             }
@@ -399,7 +396,7 @@ mod tests {
             assert_eq!(order.violations().len(), 1, "{:?}", order.violations());
         }
         // Directly: a range freed on `a` and then taken on `b`, unordered and then ordered.
-        let mut s = order.lock();
+        let mut s = lock(&order.state);
         s.freed.clear();
         let t = s.tick();
         s.freed.insert(0x1000, (0x1100, a.id(), t));
@@ -407,15 +404,16 @@ mod tests {
         assert!(s.covered(a.id(), t, a.id()));
         drop(s);
         order.mark(a).unwrap();
-        assert!(!order.lock().covered(a.id(), t, b.id()), "a mark alone");
+        assert!(
+            !lock(&order.state).covered(a.id(), t, b.id()),
+            "a mark alone"
+        );
         order.wait_for_mark(b, a.id()).unwrap();
         assert!(
-            order.lock().covered(a.id(), t, b.id()),
+            lock(&order.state).covered(a.id(), t, b.id()),
             "b waited on a's mark"
         );
-        assert!(!order
-            .lock()
-            .covered(a.id(), t, StreamRef::simulated(3).id()));
+        assert!(!lock(&order.state).covered(a.id(), t, StreamRef::simulated(3).id()));
     }
 
     #[test]
@@ -426,16 +424,16 @@ mod tests {
             ..OrderFaults::default()
         });
         order.mark(a).unwrap();
-        let t = order.lock().tick();
+        let t = lock(&order.state).tick();
         order.synchronize_all().unwrap_err();
-        assert!(!order.lock().covered(a.id(), t, b.id()));
+        assert!(!lock(&order.state).covered(a.id(), t, b.id()));
         order.wait_for_mark(b, a.id()).unwrap();
         assert!(
-            !order.lock().covered(a.id(), t, b.id()),
+            !lock(&order.state).covered(a.id(), t, b.id()),
             "the mark predates the free"
         );
         order.synchronize(a).unwrap();
-        assert!(order.lock().covered(a.id(), t, b.id()));
+        assert!(lock(&order.state).covered(a.id(), t, b.id()));
         assert_eq!(order.counts().failed, 1);
     }
 
@@ -447,30 +445,30 @@ mod tests {
             StreamRef::simulated(3),
         );
         let order = CheckedOrder::new(OrderFaults::default());
-        let t = order.lock().tick();
+        let t = lock(&order.state).tick();
         order.mark(b).unwrap();
         order.mark(a).unwrap();
         order.wait_for_mark(c, a.id()).unwrap();
         assert!(
-            !order.lock().covered(b.id(), t, c.id()),
+            !lock(&order.state).covered(b.id(), t, c.id()),
             "a never waited on b"
         );
         order.wait_for_mark(a, b.id()).unwrap();
         assert!(
-            !order.lock().covered(b.id(), t, c.id()),
+            !lock(&order.state).covered(b.id(), t, c.id()),
             "c waited on a's mark from before a waited on b"
         );
         order.mark(a).unwrap();
         order.wait_for_mark(c, a.id()).unwrap();
         assert!(
-            order.lock().covered(b.id(), t, c.id()),
+            lock(&order.state).covered(b.id(), t, c.id()),
             "through a's new mark"
         );
         let d = StreamRef::simulated(4);
-        assert!(!order.lock().covered(b.id(), t, d.id()));
+        assert!(!lock(&order.state).covered(b.id(), t, d.id()));
         order.synchronize(a).unwrap();
         assert!(
-            order.lock().covered(b.id(), t, d.id()),
+            lock(&order.state).covered(b.id(), t, d.id()),
             "a's sync covers what a waited on"
         );
     }
@@ -478,7 +476,7 @@ mod tests {
     #[test]
     fn taking_part_of_a_freed_range_keeps_the_rest_tracked() {
         let order = CheckedOrder::new(OrderFaults::default());
-        let mut s = order.lock();
+        let mut s = lock(&order.state);
         let id = StreamRef::simulated(1).id();
         s.freed.insert(0x1000, (0x2000, id, 1));
         assert_eq!(s.take(0x1400, 0x1800), vec![(id, 1)]);

@@ -2,7 +2,7 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use cudarc::driver::{result, sys};
 
@@ -10,6 +10,7 @@ use super::StreamOrder;
 use crate::driver::{Device, Event};
 use crate::error::{Error, Result};
 use crate::stream::{special_stream_contexts, StreamId, StreamRef};
+use crate::sync::lock;
 
 /// Device ordering: one event per stream, recorded by [`mark`](StreamOrder::mark) while the
 /// stream is in use and waited on with `cuStreamWaitEvent` (the wait captures the record at call
@@ -88,7 +89,7 @@ impl StreamOrder for CudaOrder {
         stream.driver_handle("CudaOrder::mark")?;
         let _restore = RestoreContext::save();
         let dev = self.enter(stream)?;
-        let mut events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut events = lock(&self.events);
         let event = match events.entry(stream.id()) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(v) => v.insert(Event::new(&dev, false)?),
@@ -104,7 +105,7 @@ impl StreamOrder for CudaOrder {
         if waiter.id() == signaller {
             return Ok(());
         }
-        let events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        let events = lock(&self.events);
         match events.get(&signaller) {
             // A special waiter is waited on in its own (current) context.
             Some(e) => e.wait_on(waiter),
@@ -116,7 +117,7 @@ impl StreamOrder for CudaOrder {
     }
 
     fn mark_complete(&self, signaller: StreamId) -> Result<bool> {
-        let events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        let events = lock(&self.events);
         match events.get(&signaller) {
             Some(e) => e.is_complete(),
             None => Ok(false),

@@ -17,13 +17,14 @@ pub use cuda::CudaOrder;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use crate::driver::Device;
 use crate::error::Error;
 use crate::error::Result;
 use crate::resource::MemoryResource;
 use crate::stream::{StreamId, StreamRef};
+use crate::sync::lock;
 
 /// A suballocator marks a stream at most once per this many frees on it, and only if some
 /// stream ran short of its own blocks since the stream's last mark (RMM records an event on
@@ -128,17 +129,11 @@ impl RecordingOrder {
 
     /// Everything requested so far.
     pub fn events(&self) -> Vec<OrderEvent> {
-        self.log
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        lock(&self.log).clone()
     }
 
     fn push(&self, e: OrderEvent) {
-        self.log
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(e);
+        lock(&self.log).push(e);
     }
 }
 

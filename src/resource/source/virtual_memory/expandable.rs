@@ -20,6 +20,7 @@ use crate::driver::Device;
 use crate::error::{Error, Result};
 use crate::resource::{MemoryResource, Properties, StreamOrder};
 use crate::stream::StreamRef;
+use crate::sync::lock;
 
 /// How an [`ExpandableMemoryResource`] is sized.
 #[derive(Clone, Default)]
@@ -228,7 +229,7 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
         self.large.check_invariants()?;
         // Chunks are created and released under a range's lock: with both held, the count
         // stands still. Nothing else takes both.
-        let (small, large) = (self.small.lock(), self.large.lock());
+        let (small, large) = (lock(&self.small.inner.state), lock(&self.large.inner.state));
         let physical = self.backing.physical();
         let (s, l) = (small.pages.held_bytes(), large.pages.held_bytes());
         if physical != s + l {

@@ -41,6 +41,7 @@ mod options;
 mod pages;
 mod simulated;
 
+use crate::sync::lock;
 pub use backing::{PhysicalBacking, PhysicalHandle};
 pub use counting::CountingBacking;
 use counting::SyncCounter;
@@ -56,7 +57,7 @@ pub use simulated::{BackingCounters, BackingFaults, CallTimes, SimulatedBacking}
 use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use self::pages::{Pages, Settled};
 use crate::driver::Device;
@@ -229,7 +230,7 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
 
     /// Range, mapping and use now.
     pub fn stats(&self) -> VirtualStats {
-        let mut st = self.lock();
+        let mut st = lock(&self.inner.state);
         let c = st.pages.counters();
         let page = st.pages.page_size();
         VirtualStats {
@@ -266,7 +267,7 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
     /// refuses stays mapped and free, and a chunk whose release it refuses stays held
     /// ([`VirtualStats::unreleased`]): the next trim, or the drop, tries again.
     pub fn trim(&self) -> Result<usize> {
-        let mut st = self.lock();
+        let mut st = lock(&self.inner.state);
         self.inner.order.synchronize_all()?;
         st.core.merge_all();
         st.pages.trim(&self.inner.backing)
@@ -278,7 +279,7 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
     /// ([`CudaBackingOptions::exportable`]).
     #[cfg(unix)]
     pub fn export_chunk(&self, ptr: NonNull<u8>) -> Result<(std::os::fd::OwnedFd, usize, usize)> {
-        let st = self.lock();
+        let st = lock(&self.inner.state);
         let addr = ptr.as_ptr() as usize;
         if !st.core.owns(addr) {
             return Err(Error::UnknownPointer {
@@ -296,7 +297,7 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
 
     /// Checks the block index and the page table against each other.
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        let mut st = self.lock();
+        let mut st = lock(&self.inner.state);
         st.core.check_invariants()?;
         if st.core.pool_size() != st.extent {
             return Err(format!(
@@ -307,15 +308,6 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
         }
         let live = st.core.live_ranges();
         st.pages.check(&live)
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // Core and page-table updates restore their invariants before any call that can fail
-        // returns, and nothing in them panics midway, so a poisoned lock guards a consistent state.
-        self.inner
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Bytes and alignment a request takes in the index: whole chunks unless expandable.
@@ -379,7 +371,7 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
         spare: usize,
     ) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, GRAIN)?;
-        let mut st = self.lock();
+        let mut st = lock(&self.inner.state);
         let spare_pages = spare / st.pages.page_size();
         st.pages.set_spare(spare_pages);
         let (bytes, align) = self.shape(st.pages.page_size(), bytes, align)?;
@@ -484,7 +476,7 @@ unsafe impl<B: PhysicalBacking> MemoryResource for VirtualMemoryResource<B> {
         bytes: usize,
         align: usize,
     ) -> Result<()> {
-        let mut st = self.lock();
+        let mut st = lock(&self.inner.state);
         let (bytes, _) = self.shape(st.pages.page_size(), bytes, align.max(1))?;
         let start = ptr.as_ptr() as usize;
         let st = &mut *st;

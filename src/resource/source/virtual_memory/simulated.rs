@@ -2,7 +2,7 @@
 //! the driver would.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::DriverError;
@@ -11,6 +11,7 @@ use super::backing::{PhysicalBacking, PhysicalHandle};
 use crate::adaptor::FaultPattern;
 use crate::error::{Error, Result};
 use crate::resource::Properties;
+use crate::sync::lock;
 
 /// Where simulated reservations start: far from null and from [`SimulatedMemoryResource`]'s
 /// range (1 TiB).
@@ -135,34 +136,29 @@ impl SimulatedBacking {
 
     /// Calls so far, and physical bytes held.
     pub fn counters(&self) -> BackingCounters {
-        self.lock().counters
+        lock(&self.state).counters
     }
 
     /// Makes the calls `faults` picks fail from now on (call numbers restart at 1).
     pub fn set_faults(&self, faults: BackingFaults) {
-        let mut s = self.lock();
+        let mut s = lock(&self.state);
         s.faults = faults;
         (s.unmap_calls, s.release_calls) = (0, 0);
     }
 
     /// Chunks created and not released.
     pub fn live_chunks(&self) -> usize {
-        self.lock().chunks.len()
+        lock(&self.state).chunks.len()
     }
 
     /// Reservations live now.
     pub fn live_reservations(&self) -> usize {
-        self.lock().reservations.len()
+        lock(&self.state).reservations.len()
     }
 
     /// Mappings live now.
     pub fn live_mappings(&self) -> usize {
-        self.lock().maps.len()
-    }
-
-    fn lock(&self) -> MutexGuard<'_, SimState> {
-        // Every critical section checks before it mutates.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state).maps.len()
     }
 
     fn check_aligned(&self, what: &str, value: usize) -> Result<()> {
@@ -207,7 +203,7 @@ unsafe impl PhysicalBacking for SimulatedBacking {
         if !align.is_power_of_two() {
             return Err(bad(format!("reservation alignment {align}")));
         }
-        let mut s = self.lock();
+        let mut s = lock(&self.state);
         let va = s.next_va.next_multiple_of(align);
         let end = va
             .checked_add(size)
@@ -219,7 +215,7 @@ unsafe impl PhysicalBacking for SimulatedBacking {
     }
 
     unsafe fn free_reservation(&self, va: usize, size: usize) -> Result<()> {
-        let mut s = self.lock();
+        let mut s = lock(&self.state);
         if s.reservations.get(&va) != Some(&size) {
             return Err(bad(format!("{va:#x}+{size} is not a reservation")));
         }
@@ -232,7 +228,7 @@ unsafe impl PhysicalBacking for SimulatedBacking {
 
     fn create(&self, size: usize) -> Result<PhysicalHandle> {
         self.check_aligned("chunk size", size)?;
-        let mut s = self.lock();
+        let mut s = lock(&self.state);
         if s.physical + size > self.capacity {
             return Err(Error::OutOfMemory {
                 bytes: size,
@@ -254,7 +250,7 @@ unsafe impl PhysicalBacking for SimulatedBacking {
     }
 
     unsafe fn release(&self, handle: PhysicalHandle, size: usize) -> Result<()> {
-        let mut s = self.lock();
+        let mut s = lock(&self.state);
         s.release_calls += 1;
         if s.faults.releases.fails(s.release_calls) {
             return Err(injected("cuMemRelease"));
@@ -281,7 +277,7 @@ unsafe impl PhysicalBacking for SimulatedBacking {
     unsafe fn map(&self, va: usize, size: usize, handle: PhysicalHandle) -> Result<()> {
         self.check_aligned("mapping address", va)?;
         self.check_aligned("mapping size", size)?;
-        let mut s = self.lock();
+        let mut s = lock(&self.state);
         let end = va + size;
         let inside = s
             .reservations
@@ -312,7 +308,7 @@ unsafe impl PhysicalBacking for SimulatedBacking {
     }
 
     unsafe fn set_access(&self, va: usize, size: usize) -> Result<()> {
-        let mut s = self.lock();
+        let mut s = lock(&self.state);
         // Every byte must be mapped: walk the mappings from `va`.
         let mut at = va;
         let end = va + size;
@@ -327,7 +323,7 @@ unsafe impl PhysicalBacking for SimulatedBacking {
     }
 
     unsafe fn unmap(&self, va: usize, size: usize) -> Result<()> {
-        let mut s = self.lock();
+        let mut s = lock(&self.state);
         s.unmap_calls += 1;
         if s.faults.unmaps.fails(s.unmap_calls) {
             return Err(injected("cuMemUnmap"));

@@ -11,6 +11,7 @@ use crate::error::Result;
 use crate::resource::MemoryResource;
 use crate::stream::StreamRef;
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use crate::sync::lock;
 use crate::sync::spin_loop;
 
 /// Chains detached for a device-wide synchronisation; dropped before they are handed on (the
@@ -97,7 +98,7 @@ impl<R: MemoryResource> Inner<R> {
     /// device-wide synchronisation, else a new slab; once refills fail, whatever is free.
     /// `Ok(None)`: blocks were moving, look again.
     fn slow(&self, stream: StreamRef<'_>, epoch: usize) -> Result<Option<u32>> {
-        let _guard = self.refill.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = lock(&self.refill);
         let slot = self.take_over_slot(stream);
         if let Some(c) = slot {
             // Under this lock the slot cannot change stream.

@@ -46,7 +46,7 @@ mod upkeep;
 
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use self::shards::ShardMap;
 use crate::driver::Device;
@@ -57,6 +57,7 @@ use crate::resource::engine::coalescing::{
 use crate::resource::engine::stream_order::default_order;
 use crate::resource::{align_up, check_request, MemoryResource, Properties, StreamOrder};
 use crate::stream::{StreamId, StreamRef};
+use crate::sync::lock;
 
 /// The smallest slab a shard takes from the global core.
 const MIN_SLAB: usize = 256 << 10;
@@ -183,13 +184,6 @@ impl<R: MemoryResource> Clone for PoolMemoryResource<R> {
             inner: self.inner.clone(),
         }
     }
-}
-
-/// Every mutation of a core completes before it can panic (no upstream call or user code runs
-/// mid-update), so a poisoned lock still guards a consistent core.
-#[inline]
-fn lock(m: &Mutex<PoolCore>) -> MutexGuard<'_, PoolCore> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn non_null(addr: usize) -> NonNull<u8> {

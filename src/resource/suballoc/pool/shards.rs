@@ -5,9 +5,10 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use crate::stream::StreamId;
+use crate::sync::lock;
 
 /// A process-wide identity for each pool, so a thread's cache never confuses a dropped pool with
 /// a new one at the same address. (A static counter that no loom model exercises: plain std.)
@@ -69,7 +70,7 @@ impl ShardMap {
 
     #[cold]
     fn assign(&self, stream: StreamId) -> u32 {
-        let mut guard = self.assigned.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut guard = lock(&self.assigned);
         let (map, next) = &mut *guard;
         if let Some(&i) = map.get(&stream) {
             return i;

@@ -3,11 +3,12 @@
 
 use std::sync::PoisonError;
 
-use super::{lock, non_null, Inner, PoolMemoryResource, PoolStats, NAME};
+use super::{non_null, Inner, PoolMemoryResource, PoolStats, NAME};
 use crate::error::Result;
 use crate::resource::engine::coalescing::{PoolCore, GRAIN};
 use crate::resource::MemoryResource;
 use crate::stream::{StreamId, StreamRef};
+use crate::sync::lock;
 
 impl<R: MemoryResource> PoolMemoryResource<R> {
     /// Size, use and fragmentation now.
