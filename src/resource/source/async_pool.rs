@@ -8,16 +8,15 @@ mod options;
 pub use ipc::{ImportedPointer, ImportedPool, PointerExport};
 pub use options::AsyncPoolOptions;
 
-use std::ffi::c_void;
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use cudarc::driver::{sys, DriverError};
+use cudarc::driver::sys;
 
 use super::location::{check_ordinal, Location};
-use crate::driver::Device;
-use crate::error::{Error, Result};
+use crate::driver::{mem, Device};
+use crate::error::{DriverCode, Error, Result};
 use crate::resource::engine::ledger::Ledger;
 use crate::resource::{check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::stream::StreamRef;
@@ -132,12 +131,11 @@ impl AsyncMemoryResource {
         let (pool, driver_cap) = match create_pool(device, handle_types, cap.unwrap_or(0)) {
             Ok(pool) => (pool, cap),
             // A driver that rejects the cap still has the limit enforced by the ledger.
-            Err(e) if cap.is_some() && e.0 == sys::CUresult::CUDA_ERROR_INVALID_VALUE => {
-                let pool = create_pool(device, handle_types, 0)
-                    .map_err(|e| Error::driver("cuMemPoolCreate", e))?;
-                (pool, None)
-            }
-            Err(e) => return Err(Error::driver("cuMemPoolCreate", e)),
+            Err(Error::Driver {
+                code: DriverCode(sys::CUresult::CUDA_ERROR_INVALID_VALUE),
+                ..
+            }) if cap.is_some() => (create_pool(device, handle_types, 0)?, None),
+            Err(e) => return Err(e),
         };
         let mr = AsyncMemoryResource {
             inner: Arc::new(Inner {
@@ -165,12 +163,9 @@ impl AsyncMemoryResource {
 
     /// Wraps `device`'s default pool (`cuDeviceGetDefaultMemPool`) without owning it.
     pub fn default_pool(device: &Device) -> Result<Self> {
-        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         device.bind()?;
-        // SAFETY: a valid out-slot and device handle.
-        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, device.context().cu_device()) }
-            .result()
-            .map_err(|e| Error::driver("cuDeviceGetDefaultMemPool", e))?;
+        // SAFETY: a valid device handle.
+        let pool = unsafe { mem::default_mem_pool(device.context().cu_device()) }?;
         // SAFETY: the default pool lives as long as the process.
         Ok(unsafe { Self::from_raw(device, pool, None) })
     }
@@ -178,12 +173,9 @@ impl AsyncMemoryResource {
     /// Wraps `device`'s current pool (`cuDeviceGetMemPool`), the one `cuMemAllocAsync` uses,
     /// without owning it.
     pub fn current_pool(device: &Device) -> Result<Self> {
-        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         device.bind()?;
-        // SAFETY: a valid out-slot and device handle.
-        unsafe { sys::cuDeviceGetMemPool(&mut pool, device.context().cu_device()) }
-            .result()
-            .map_err(|e| Error::driver("cuDeviceGetMemPool", e))?;
+        // SAFETY: a valid device handle.
+        let pool = unsafe { mem::current_mem_pool(device.context().cu_device()) }?;
         // SAFETY: a device's current pool is the default pool or one its setter keeps alive;
         // carve does not destroy it.
         Ok(unsafe { Self::from_raw(device, pool, None) })
@@ -316,9 +308,7 @@ impl AsyncMemoryResource {
     pub fn trim_to(&self, bytes: usize) -> Result<()> {
         self.inner.device.bind()?;
         // SAFETY: the pool is live (owned, or by `from_raw`'s contract).
-        unsafe { sys::cuMemPoolTrimTo(self.handle(), bytes) }
-            .result()
-            .map_err(|e| Error::driver("cuMemPoolTrimTo", e))
+        unsafe { mem::pool_trim_to(self.handle(), bytes) }
     }
 
     /// Lets device `ordinal` access the pool's memory (its own device always has read-write).
@@ -329,22 +319,17 @@ impl AsyncMemoryResource {
             flags: access.to_cu(),
         };
         self.inner.device.bind()?;
-        // SAFETY: one valid descriptor; the pool is live.
-        unsafe { sys::cuMemPoolSetAccess(self.handle(), &desc, 1) }
-            .result()
-            .map_err(|e| Error::driver("cuMemPoolSetAccess", e))
+        // SAFETY: the pool is live.
+        unsafe { mem::pool_set_access(self.handle(), &desc) }
     }
 
     /// What device `ordinal` may do with the pool's memory.
     pub fn access(&self, ordinal: usize) -> Result<PoolAccess> {
         check_ordinal(ordinal)?;
-        let mut location = Location::Device(ordinal).to_cu();
-        let mut flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
+        let location = Location::Device(ordinal).to_cu();
         self.inner.device.bind()?;
-        // SAFETY: valid in/out slots; the pool is live.
-        unsafe { sys::cuMemPoolGetAccess(&mut flags, self.handle(), &mut location) }
-            .result()
-            .map_err(|e| Error::driver("cuMemPoolGetAccess", e))?;
+        // SAFETY: the pool is live.
+        let flags = unsafe { mem::pool_access(self.handle(), location) }?;
         Ok(PoolAccess::from_cu(flags))
     }
 
@@ -359,19 +344,9 @@ impl AsyncMemoryResource {
                 "the pool was not created with AsyncPoolOptions::ipc_export".into(),
             ));
         }
-        let mut fd: std::ffi::c_int = -1;
         self.inner.device.bind()?;
-        // SAFETY: for the POSIX fd handle type the out-slot is an int; the pool is live.
-        unsafe {
-            sys::cuMemPoolExportToShareableHandle(
-                (&mut fd as *mut std::ffi::c_int).cast::<c_void>(),
-                self.handle(),
-                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                0,
-            )
-        }
-        .result()
-        .map_err(|e| Error::driver("cuMemPoolExportToShareableHandle", e))?;
+        // SAFETY: the pool is live and was created exportable (checked above).
+        let fd = unsafe { mem::pool_export_fd(self.handle()) }?;
         if fd < 0 {
             return Err(Error::Unsupported(
                 "the driver exported no descriptor".into(),
@@ -385,48 +360,25 @@ impl AsyncMemoryResource {
     fn prime(&self, bytes: usize) -> Result<()> {
         self.inner.device.bind()?;
         let stream = StreamRef::DEFAULT.as_raw();
-        let mut dptr: sys::CUdeviceptr = 0;
         // SAFETY: the pool is live; the block is freed at once on the same stream, then waited.
         unsafe {
-            sys::cuMemAllocFromPoolAsync(&mut dptr, bytes, self.handle(), stream)
-                .result()
-                .map_err(|e| Error::driver("cuMemAllocFromPoolAsync", e))?;
-            sys::cuMemFreeAsync(dptr, stream)
-                .result()
-                .map_err(|e| Error::driver("cuMemFreeAsync", e))?;
-            cudarc::driver::result::stream::synchronize(stream)
-                .map_err(|e| Error::driver("cuStreamSynchronize", e))
+            let dptr = mem::pool_alloc_async(self.handle(), bytes, stream)?;
+            mem::free_async(dptr, stream)?;
+            mem::stream_synchronize(stream)
         }
     }
 
     fn attribute(&self, attr: sys::CUmemPool_attribute) -> Result<usize> {
-        let mut value: u64 = 0;
         self.inner.device.bind()?;
         // SAFETY: every attribute read here is a cuuint64_t; the pool is live.
-        unsafe {
-            sys::cuMemPoolGetAttribute(
-                self.handle(),
-                attr,
-                (&mut value as *mut u64).cast::<c_void>(),
-            )
-        }
-        .result()
-        .map_err(|e| Error::driver("cuMemPoolGetAttribute", e))?;
+        let value = unsafe { mem::pool_attribute(self.handle(), attr) }?;
         Ok(usize::try_from(value).unwrap_or(usize::MAX))
     }
 
-    fn set_attribute(&self, attr: sys::CUmemPool_attribute, mut value: u64) -> Result<()> {
+    fn set_attribute(&self, attr: sys::CUmemPool_attribute, value: u64) -> Result<()> {
         self.inner.device.bind()?;
         // SAFETY: every attribute written here is a cuuint64_t; the pool is live.
-        unsafe {
-            sys::cuMemPoolSetAttribute(
-                self.handle(),
-                attr,
-                (&mut value as *mut u64).cast::<c_void>(),
-            )
-        }
-        .result()
-        .map_err(|e| Error::driver("cuMemPoolSetAttribute", e))
+        unsafe { mem::set_pool_attribute(self.handle(), attr, value) }
     }
 
     fn out_of_memory(&self, bytes: usize) -> Error {
@@ -454,7 +406,7 @@ fn create_pool(
     device: &Device,
     handle_types: sys::CUmemAllocationHandleType,
     max_size: usize,
-) -> std::result::Result<sys::CUmemoryPool, DriverError> {
+) -> Result<sys::CUmemoryPool> {
     let props = sys::CUmemPoolProps {
         allocType: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
         handleTypes: handle_types,
@@ -464,10 +416,8 @@ fn create_pool(
         usage: 0,
         reserved: [0; 54],
     };
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: valid properties (reserved bytes zero) and out-slot; a context is current.
-    unsafe { sys::cuMemPoolCreate(&mut pool, &props) }.result()?;
-    Ok(pool)
+    // SAFETY: valid properties (reserved bytes zero); a context is current.
+    unsafe { mem::pool_create(&props) }
 }
 
 // SAFETY: the driver pool returns distinct live blocks of the requested size, at least 256-byte
@@ -483,14 +433,12 @@ unsafe impl MemoryResource for AsyncMemoryResource {
         }
         let admission = self.inner.ledger.admit(bytes)?;
         self.inner.device.bind()?;
-        let mut dptr: sys::CUdeviceptr = 0;
         // SAFETY: the pool is live; `StreamRef`'s contract keeps the stream valid.
-        let r = unsafe { sys::cuMemAllocFromPoolAsync(&mut dptr, bytes, self.handle(), raw) };
-        match r {
-            sys::CUresult::CUDA_SUCCESS => {}
-            sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => return Err(self.out_of_memory(bytes)),
-            e => return Err(Error::driver("cuMemAllocFromPoolAsync", DriverError(e))),
-        }
+        let dptr = match unsafe { mem::pool_alloc_async(self.handle(), bytes, raw) } {
+            Ok(dptr) => dptr,
+            Err(e) if e.is_out_of_memory() => return Err(self.out_of_memory(bytes)),
+            Err(e) => return Err(e),
+        };
         let ptr = NonNull::new(dptr as *mut u8)
             .ok_or_else(|| Error::Unsupported("cuMemAllocFromPoolAsync returned null".into()))?;
         admission.commit(ptr);
@@ -510,9 +458,7 @@ unsafe impl MemoryResource for AsyncMemoryResource {
             self.inner.device.bind().and_then(|()| {
                 // SAFETY: the ledger confirmed the block is ours and live; the free is ordered on
                 // `stream`, valid by `StreamRef`'s contract.
-                unsafe { sys::cuMemFreeAsync(ptr.as_ptr() as sys::CUdeviceptr, raw) }
-                    .result()
-                    .map_err(|e| Error::driver("cuMemFreeAsync", e))
+                unsafe { mem::free_async(ptr.as_ptr() as sys::CUdeviceptr, raw) }
             })
         })
     }
@@ -533,9 +479,7 @@ impl Drop for Inner {
         let r = self.device.bind().and_then(|()| {
             // SAFETY: we created the pool and this is its last handle. The driver defers the
             // release until blocks still allocated from it are freed.
-            unsafe { sys::cuMemPoolDestroy(self.pool.0) }
-                .result()
-                .map_err(|e| Error::driver("cuMemPoolDestroy", e))
+            unsafe { mem::pool_destroy(self.pool.0) }
         });
         crate::deferred::record("AsyncMemoryResource drop: destroying its pool", r);
     }

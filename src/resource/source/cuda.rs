@@ -2,10 +2,10 @@
 
 use std::ptr::NonNull;
 
-use cudarc::driver::{result, sys};
+use cudarc::driver::sys;
 
-use crate::driver::Device;
-use crate::error::{Error, Result};
+use crate::driver::{mem, Device};
+use crate::error::{DriverCode, Error, Result};
 use crate::resource::{check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::stream::StreamRef;
 
@@ -54,10 +54,10 @@ unsafe impl MemoryResource for CudaMemoryResource {
         // cuMemAlloc while the stream is captured would invalidate the capture.
         crate::driver::capture::refuse_capture(NAME, stream)?;
         // SAFETY: a context is current (bound above).
-        match unsafe { result::malloc_sync(bytes) } {
+        match unsafe { mem::alloc(bytes) } {
             Ok(ptr) => NonNull::new(ptr as *mut u8)
                 .ok_or_else(|| Error::Unsupported("cuMemAlloc returned a null pointer".to_owned())),
-            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+            Err(e) if e.is_out_of_memory() => {
                 let detail = match self.device.mem_info() {
                     Ok(m) => format!(
                         "device {} has {} of {} bytes free",
@@ -73,7 +73,7 @@ unsafe impl MemoryResource for CudaMemoryResource {
                     detail,
                 })
             }
-            Err(e) => Err(Error::driver("cuMemAlloc", e)),
+            Err(e) => Err(e),
         }
     }
 
@@ -88,15 +88,16 @@ unsafe impl MemoryResource for CudaMemoryResource {
         // SAFETY: the caller passes a pointer from `allocate`; the driver rejects others with
         // CUDA_ERROR_INVALID_VALUE rather than corrupting anything. cuMemFree waits for the
         // device, which subsumes the stream order.
-        match unsafe { result::free_sync(ptr.as_ptr() as sys::CUdeviceptr) } {
+        match unsafe { mem::free(ptr.as_ptr() as sys::CUdeviceptr) } {
             Ok(()) => Ok(()),
-            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_INVALID_VALUE => {
-                Err(Error::UnknownPointer {
-                    resource: NAME,
-                    ptr: ptr.as_ptr() as usize,
-                })
-            }
-            Err(e) => Err(Error::driver("cuMemFree", e)),
+            Err(Error::Driver {
+                code: DriverCode(sys::CUresult::CUDA_ERROR_INVALID_VALUE),
+                ..
+            }) => Err(Error::UnknownPointer {
+                resource: NAME,
+                ptr: ptr.as_ptr() as usize,
+            }),
+            Err(e) => Err(e),
         }
     }
 

@@ -15,7 +15,7 @@ use cudarc::driver::sys;
 
 use super::host_buffer::HostBuffer;
 use super::location::Location;
-use crate::driver::{Device, Stream};
+use crate::driver::{mem, Device, Stream};
 use crate::error::{Error, Result};
 use crate::resource::engine::ledger::Ledger;
 use crate::resource::{check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
@@ -92,31 +92,18 @@ unsafe impl MemoryResource for ManagedMemoryResource {
         // A synchronous allocation while the stream is captured would invalidate the capture.
         crate::driver::capture::refuse_capture(NAME, stream)?;
         let admission = self.inner.ledger.admit(bytes)?;
-        let mut dptr: sys::CUdeviceptr = 0;
-        // SAFETY: a context is current; `dptr` is a valid out-slot.
-        let r = unsafe {
-            sys::cuMemAllocManaged(
-                &mut dptr,
-                bytes,
-                sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32,
-            )
-        };
-        match r {
-            sys::CUresult::CUDA_SUCCESS => {}
-            sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                return Err(Error::OutOfMemory {
+        // SAFETY: a context is current (bound above).
+        let dptr = unsafe { mem::alloc_managed(bytes) }.map_err(|e| {
+            if e.is_out_of_memory() {
+                Error::OutOfMemory {
                     bytes,
                     resource: NAME,
                     detail: "cuMemAllocManaged found no room".into(),
-                })
+                }
+            } else {
+                e
             }
-            e => {
-                return Err(Error::driver(
-                    "cuMemAllocManaged",
-                    cudarc::driver::DriverError(e),
-                ))
-            }
-        }
+        })?;
         let ptr = NonNull::new(dptr as *mut u8)
             .ok_or_else(|| Error::Unsupported("cuMemAllocManaged returned null".into()))?;
         admission.commit(ptr);
@@ -134,9 +121,7 @@ unsafe impl MemoryResource for ManagedMemoryResource {
             self.inner.device.bind().and_then(|()| {
                 // SAFETY: the ledger confirmed the block is ours and live. cuMemFree waits for the
                 // device, which subsumes the stream order.
-                unsafe { sys::cuMemFree_v2(ptr.as_ptr() as sys::CUdeviceptr) }
-                    .result()
-                    .map_err(|e| Error::driver("cuMemFree", e))
+                unsafe { mem::free(ptr.as_ptr() as sys::CUdeviceptr) }
             })
         })
     }

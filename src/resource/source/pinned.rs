@@ -17,7 +17,7 @@ use bytemuck::Pod;
 use cudarc::driver::sys;
 
 use super::host_buffer::HostBuffer;
-use crate::driver::Device;
+use crate::driver::{mem, Device};
 use crate::error::{Error, Result};
 use crate::resource::engine::ledger::Ledger;
 use crate::resource::{check_request, MemoryResource, Properties};
@@ -101,12 +101,8 @@ impl PinnedHostMemoryResource {
 /// `cuMemHostGetDevicePointer` for a pinned, device-mapped host address.
 fn mapped_device_pointer(device: &Device, host: NonNull<u8>) -> Result<u64> {
     device.bind()?;
-    let mut dptr: sys::CUdeviceptr = 0;
-    // SAFETY: a pure query with a valid out-slot; the driver rejects addresses it did not map.
-    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host.as_ptr().cast::<c_void>(), 0) }
-        .result()
-        .map_err(|e| Error::driver("cuMemHostGetDevicePointer", e))?;
-    Ok(dptr)
+    // SAFETY: a context is current (bound above); the driver rejects addresses it did not map.
+    unsafe { mem::host_device_pointer(host.as_ptr().cast::<c_void>()) }
 }
 
 // SAFETY: the driver returns distinct live allocations of the requested size, aligned to
@@ -125,25 +121,18 @@ unsafe impl MemoryResource for PinnedHostMemoryResource {
         // A synchronous allocation while the stream is captured would invalidate the capture.
         crate::driver::capture::refuse_capture(NAME, stream)?;
         let admission = self.inner.ledger.admit(bytes)?;
-        let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: a context is current; `p` is a valid out-slot.
-        let r = unsafe { sys::cuMemHostAlloc(&mut p, bytes, self.inner.flags.alloc_bits()) };
-        match r {
-            sys::CUresult::CUDA_SUCCESS => {}
-            sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                return Err(Error::OutOfMemory {
+        // SAFETY: a context is current (bound above).
+        let p = unsafe { mem::host_alloc(bytes, self.inner.flags.alloc_bits()) }.map_err(|e| {
+            if e.is_out_of_memory() {
+                Error::OutOfMemory {
                     bytes,
                     resource: NAME,
                     detail: "cuMemHostAlloc could not pin that much host memory".into(),
-                })
+                }
+            } else {
+                e
             }
-            e => {
-                return Err(Error::driver(
-                    "cuMemHostAlloc",
-                    cudarc::driver::DriverError(e),
-                ))
-            }
-        }
+        })?;
         let ptr = NonNull::new(p.cast::<u8>())
             .ok_or_else(|| Error::Unsupported("cuMemHostAlloc returned null".into()))?;
         admission.commit(ptr);
@@ -163,12 +152,9 @@ unsafe impl MemoryResource for PinnedHostMemoryResource {
             self.inner.device.bind().and_then(|()| {
                 // SAFETY: `StreamRef`'s contract keeps the stream valid. Waiting honours the stream
                 // order: work queued on it may still read or write the block.
-                unsafe { cudarc::driver::result::stream::synchronize(raw) }
-                    .map_err(|e| Error::driver("cuStreamSynchronize", e))?;
+                unsafe { mem::stream_synchronize(raw) }?;
                 // SAFETY: the ledger confirmed the block is ours and live, and its stream is idle.
-                unsafe { sys::cuMemFreeHost(ptr.as_ptr().cast::<c_void>()) }
-                    .result()
-                    .map_err(|e| Error::driver("cuMemFreeHost", e))
+                unsafe { mem::free_host(ptr.as_ptr().cast::<c_void>()) }
             })
         })
     }

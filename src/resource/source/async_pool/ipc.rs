@@ -3,7 +3,6 @@
 //! exported as [`PointerExport`] data, is imported as an [`ImportedPointer`] in the other
 //! process. Imported pools cannot allocate (the driver refuses), so they are no resource.
 
-use std::ffi::c_void;
 use std::fmt;
 use std::ptr::NonNull;
 
@@ -11,7 +10,7 @@ use cudarc::driver::sys;
 
 use super::{AsyncMemoryResource, PoolHandle};
 use crate::buffer::{release_in_drop, release_once};
-use crate::driver::Device;
+use crate::driver::{mem, Device};
 use crate::error::{Error, Result};
 use crate::stream::StreamRef;
 
@@ -67,12 +66,9 @@ impl AsyncMemoryResource {
             // A racing thread's export is as good: either one stays open.
             let _ = self.inner.exported.set(fd);
         }
-        let mut data = sys::CUmemPoolPtrExportData_st { reserved: [0; 64] };
         self.inner.device.bind()?;
-        // SAFETY: a valid out-slot of the driver's export type; the driver checks the pointer.
-        unsafe { sys::cuMemPoolExportPointer(&mut data, ptr.as_ptr() as sys::CUdeviceptr) }
-            .result()
-            .map_err(|e| Error::driver("cuMemPoolExportPointer", e))?;
+        // SAFETY: a context is current (bound above); the driver checks the pointer.
+        let data = unsafe { mem::pool_export_pointer(ptr.as_ptr() as sys::CUdeviceptr) }?;
         Ok(PointerExport(data.reserved))
     }
 }
@@ -91,20 +87,9 @@ impl ImportedPool {
     #[cfg(unix)]
     pub fn from_fd(device: &Device, fd: std::os::fd::BorrowedFd<'_>) -> Result<Self> {
         use std::os::fd::AsRawFd;
-        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         device.bind()?;
-        // SAFETY: for the POSIX descriptor handle type, the handle argument is the descriptor
-        // itself cast to a pointer (CUDA driver API); the driver only reads it.
-        unsafe {
-            sys::cuMemPoolImportFromShareableHandle(
-                &mut pool,
-                fd.as_raw_fd() as isize as *mut c_void,
-                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                0,
-            )
-        }
-        .result()
-        .map_err(|e| Error::driver("cuMemPoolImportFromShareableHandle", e))?;
+        // SAFETY: a context is current (bound above); `fd` is borrowed, so open for the call.
+        let pool = unsafe { mem::pool_import_fd(fd.as_raw_fd()) }?;
         Ok(ImportedPool {
             device: device.clone(),
             pool: PoolHandle(pool),
@@ -128,13 +113,11 @@ impl ImportedPool {
     /// freed here (the driver's rule for pool IPC), and the two processes must order their
     /// accesses to it themselves.
     pub unsafe fn import_pointer(&self, data: &PointerExport) -> Result<ImportedPointer> {
-        let mut raw = sys::CUmemPoolPtrExportData_st { reserved: data.0 };
-        let mut dptr: sys::CUdeviceptr = 0;
+        let raw = sys::CUmemPoolPtrExportData_st { reserved: data.0 };
         self.device.bind()?;
-        // SAFETY: valid in/out slots; the pool is live (imported above, never destroyed).
-        unsafe { sys::cuMemPoolImportPointer(&mut dptr, self.handle(), &mut raw) }
-            .result()
-            .map_err(|e| Error::driver("cuMemPoolImportPointer", e))?;
+        // SAFETY: the pool is live (imported above, never destroyed); the block's lifetime is
+        // the caller's contract.
+        let dptr = unsafe { mem::pool_import_pointer(self.handle(), raw) }?;
         Ok(ImportedPointer {
             device: self.device.clone(),
             ptr: Some(dptr),
@@ -186,9 +169,7 @@ impl ImportedPointer {
             |ptr| {
                 // SAFETY: an imported pointer, freed once (`release_once`); the stream is live
                 // (borrowed).
-                unsafe { sys::cuMemFreeAsync(ptr, raw) }
-                    .result()
-                    .map_err(|e| Error::driver("cuMemFreeAsync", e))
+                unsafe { mem::free_async(ptr, raw) }
             },
         )
     }

@@ -11,8 +11,8 @@ use cudarc::driver::sys;
 
 use super::super::location::{Location, CU_DEVICE_INVALID};
 use crate::buffer::DeviceBuffer;
-use crate::driver::{Device, Stream};
-use crate::error::{Error, Result};
+use crate::driver::{mem, Device, Stream};
+use crate::error::{DriverCode, Error, Result};
 use crate::stream::StreamRef;
 
 /// A byte range inside one managed allocation, checked to be managed at both ends.
@@ -130,10 +130,9 @@ impl ManagedRange {
         };
         require_symbol("cuMemAdvise_v2")?;
         current.bind()?;
-        // SAFETY: advice changes placement policy only; the range is managed (checked).
-        unsafe { sys::cuMemAdvise_v2(self.ptr, self.len, raw, location.to_cu()) }
-            .result()
-            .map_err(|e| Error::driver("cuMemAdvise_v2", e))
+        // SAFETY: advice changes placement policy only; the range is managed (checked), and the
+        // symbol is present (checked).
+        unsafe { mem::advise(self.ptr, self.len, raw, location.to_cu()) }
     }
 
     /// The range's current attributes. Prefetches still queued may not show yet: synchronise
@@ -147,16 +146,14 @@ impl ManagedRange {
         let mut ids = vec![CU_DEVICE_INVALID; Device::count()?.max(1)];
         // SAFETY: `ids` holds `ids.len()` i32s, the size passed; the range is managed.
         unsafe {
-            sys::cuMemRangeGetAttribute(
+            mem::range_attribute(
                 ids.as_mut_ptr().cast::<c_void>(),
                 ids.len() * size_of::<i32>(),
                 A::CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY,
                 self.ptr,
                 self.len,
             )
-        }
-        .result()
-        .map_err(|e| Error::driver("cuMemRangeGetAttribute", e))?;
+        }?;
         Ok(RangeAttributes {
             read_mostly,
             preferred_location: Location::from_legacy_id(preferred),
@@ -169,16 +166,14 @@ impl ManagedRange {
         let mut value: i32 = CU_DEVICE_INVALID;
         // SAFETY: these attributes are one 32-bit int; the range is managed.
         unsafe {
-            sys::cuMemRangeGetAttribute(
+            mem::range_attribute(
                 (&mut value as *mut i32).cast::<c_void>(),
                 size_of::<i32>(),
                 attr,
                 self.ptr,
                 self.len,
             )
-        }
-        .result()
-        .map_err(|e| Error::driver("cuMemRangeGetAttribute", e))?;
+        }?;
         Ok(value)
     }
 }
@@ -202,19 +197,19 @@ fn is_managed(ptr: u64) -> Result<bool> {
     let mut flag: u32 = 0;
     // SAFETY: `flag` is a valid out-slot for the attribute.
     let r = unsafe {
-        sys::cuPointerGetAttribute(
+        mem::pointer_attribute(
             (&mut flag as *mut u32).cast::<c_void>(),
             sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
             ptr,
         )
     };
     match r {
-        sys::CUresult::CUDA_SUCCESS => Ok(flag != 0),
-        sys::CUresult::CUDA_ERROR_INVALID_VALUE => Ok(false),
-        e => Err(Error::driver(
-            "cuPointerGetAttribute",
-            cudarc::driver::DriverError(e),
-        )),
+        Ok(()) => Ok(flag != 0),
+        Err(Error::Driver {
+            code: DriverCode(sys::CUresult::CUDA_ERROR_INVALID_VALUE),
+            ..
+        }) => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -250,10 +245,8 @@ pub(crate) fn prefetch_raw(
     let location = location.validate()?;
     require_symbol("cuMemPrefetchAsync_v2")?;
     // SAFETY: the caller names a live range; the driver rejects memory that is not managed with
-    // an error code; the stream is valid by `StreamRef`'s contract.
-    unsafe { sys::cuMemPrefetchAsync_v2(ptr, len, location.to_cu(), 0, raw) }
-        .result()
-        .map_err(|e| Error::driver("cuMemPrefetchAsync_v2", e))
+    // an error code; the stream is valid by `StreamRef`'s contract; the symbol is present.
+    unsafe { mem::prefetch_async(ptr, len, location.to_cu(), raw) }
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@ use std::ptr::NonNull;
 use cudarc::driver::sys;
 
 use super::{mapped_device_pointer, PinnedFlags};
-use crate::driver::Device;
-use crate::error::{Error, Result};
+use crate::driver::{mem, Device};
+use crate::error::{DriverCode, Error, Result};
 
 /// A host byte range pinned for as long as this value lives; dropping it unregisters.
 ///
@@ -48,25 +48,22 @@ impl<'a> HostRegistration<'a> {
         device.bind()?;
         // SAFETY: `memory` is a live, exclusively borrowed range of `len` bytes; the borrow
         // outlives the registration, and Drop unregisters it.
-        let r = unsafe { sys::cuMemHostRegister_v2(ptr.as_ptr().cast::<c_void>(), len, bits) };
-        match r {
-            sys::CUresult::CUDA_SUCCESS => Ok(HostRegistration {
+        match unsafe { mem::host_register(ptr.as_ptr().cast::<c_void>(), len, bits) } {
+            Ok(()) => Ok(HostRegistration {
                 ptr,
                 len,
                 flags,
                 device: device.clone(),
                 _borrow: PhantomData,
             }),
-            sys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED => {
-                Err(Error::InvalidArgument(format!(
-                    "{:#x} is already registered",
-                    ptr.as_ptr() as usize
-                )))
-            }
-            e => Err(Error::driver(
-                "cuMemHostRegister",
-                cudarc::driver::DriverError(e),
-            )),
+            Err(Error::Driver {
+                code: DriverCode(sys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED),
+                ..
+            }) => Err(Error::InvalidArgument(format!(
+                "{:#x} is already registered",
+                ptr.as_ptr() as usize
+            ))),
+            Err(e) => Err(e),
         }
     }
 
@@ -117,9 +114,7 @@ impl<'a> HostRegistration<'a> {
     fn release(&self) -> Result<()> {
         self.device.bind()?;
         // SAFETY: registered in `new`, unregistered once (Drop or `unregister`, never both).
-        unsafe { sys::cuMemHostUnregister(self.ptr.as_ptr().cast::<c_void>()) }
-            .result()
-            .map_err(|e| Error::driver("cuMemHostUnregister", e))
+        unsafe { mem::host_unregister(self.ptr.as_ptr().cast::<c_void>()) }
     }
 }
 

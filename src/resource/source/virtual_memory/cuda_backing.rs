@@ -5,7 +5,7 @@
 use cudarc::driver::sys;
 
 use super::backing::{PhysicalBacking, PhysicalHandle};
-use crate::driver::Device;
+use crate::driver::{vmm, Device};
 use crate::error::{Error, Result};
 use crate::resource::Properties;
 
@@ -41,18 +41,16 @@ pub struct CudaBacking {
     granularity: usize,
 }
 
-fn check(call: &'static str, rc: sys::CUresult) -> Result<()> {
-    match rc {
-        sys::CUresult::CUDA_SUCCESS => Ok(()),
-        sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => Err(Error::OutOfMemory {
+/// A failed virtual-memory call as the backing reports it: out of memory is
+/// [`Error::OutOfMemory`], whichever call ran short.
+fn backing_error(e: Error) -> Error {
+    match e {
+        Error::Driver { call, .. } if e.is_out_of_memory() => Error::OutOfMemory {
             bytes: 0,
             resource: "CudaBacking",
             detail: format!("{call} failed: out of memory"),
-        }),
-        code => Err(Error::Driver {
-            call,
-            code: crate::error::DriverCode(code),
-        }),
+        },
+        e => e,
     }
 }
 
@@ -90,16 +88,9 @@ impl CudaBacking {
             granularity: 0,
         };
         let prop = backing.prop();
-        let mut granularity = 0usize;
         device.bind()?;
-        // SAFETY: `prop` is a fully initialised allocation description; the out-pointer is valid.
-        check("cuMemGetAllocationGranularity", unsafe {
-            sys::cuMemGetAllocationGranularity(
-                &mut granularity,
-                &prop,
-                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-            )
-        })?;
+        // SAFETY: `prop` is a fully initialised allocation description.
+        let granularity = unsafe { vmm::allocation_granularity(&prop) }.map_err(backing_error)?;
         if !granularity.is_power_of_two() {
             return Err(Error::Unsupported(format!(
                 "the driver reports an allocation granularity of {granularity}"
@@ -175,31 +166,23 @@ unsafe impl PhysicalBacking for CudaBacking {
 
     fn reserve(&self, size: usize, align: usize) -> Result<usize> {
         self.device.bind()?;
-        let mut va: sys::CUdeviceptr = 0;
-        // SAFETY: reserves address space only; the out-pointer is valid.
-        check("cuMemAddressReserve", unsafe {
-            sys::cuMemAddressReserve(&mut va, size, align.max(self.granularity), 0, 0)
-        })?;
+        // SAFETY: reserves address space only; a context is current (bound above).
+        let va = unsafe { vmm::address_reserve(size, align.max(self.granularity)) }
+            .map_err(backing_error)?;
         Ok(va as usize)
     }
 
     unsafe fn free_reservation(&self, va: usize, size: usize) -> Result<()> {
         self.device.bind()?;
         // SAFETY: the caller's contract: a live, empty reservation, never used again.
-        check("cuMemAddressFree", unsafe {
-            sys::cuMemAddressFree(va as sys::CUdeviceptr, size)
-        })
+        unsafe { vmm::address_free(va as sys::CUdeviceptr, size) }.map_err(backing_error)
     }
 
     fn create(&self, size: usize) -> Result<PhysicalHandle> {
         self.device.bind()?;
         let prop = self.prop();
-        let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        // SAFETY: a valid description and out-pointer.
-        check("cuMemCreate", unsafe {
-            sys::cuMemCreate(&mut handle, size, &prop, 0)
-        })
-        .map_err(|e| match e {
+        // SAFETY: a valid description; a context is current (bound above).
+        let handle = unsafe { vmm::create(size, &prop) }.map_err(|e| match backing_error(e) {
             Error::OutOfMemory { resource, .. } => Error::OutOfMemory {
                 bytes: size,
                 resource,
@@ -216,7 +199,7 @@ unsafe impl PhysicalBacking for CudaBacking {
     unsafe fn release(&self, handle: PhysicalHandle, _size: usize) -> Result<()> {
         self.device.bind()?;
         // SAFETY: the caller's contract: an unmapped chunk, never used again.
-        check("cuMemRelease", unsafe { sys::cuMemRelease(handle) })
+        unsafe { vmm::release(handle) }.map_err(backing_error)
     }
 
     unsafe fn map(&self, va: usize, size: usize, handle: PhysicalHandle) -> Result<()> {
@@ -224,9 +207,7 @@ unsafe impl PhysicalBacking for CudaBacking {
         let ptr = va as sys::CUdeviceptr;
         // SAFETY: the caller's contract: an empty, aligned range of our reservation, and a live
         // chunk of `size` bytes.
-        check("cuMemMap", unsafe {
-            sys::cuMemMap(ptr, size, 0, handle, 0)
-        })
+        unsafe { vmm::map(ptr, size, handle) }.map_err(backing_error)
     }
 
     unsafe fn set_access(&self, va: usize, size: usize) -> Result<()> {
@@ -234,17 +215,13 @@ unsafe impl PhysicalBacking for CudaBacking {
         let access = self.access();
         // SAFETY: the caller's contract: the range is wholly mapped; the descriptors are valid
         // for the call.
-        check("cuMemSetAccess", unsafe {
-            sys::cuMemSetAccess(va as sys::CUdeviceptr, size, access.as_ptr(), access.len())
-        })
+        unsafe { vmm::set_access(va as sys::CUdeviceptr, size, &access) }.map_err(backing_error)
     }
 
     unsafe fn unmap(&self, va: usize, size: usize) -> Result<()> {
         self.device.bind()?;
         // SAFETY: the caller's contract: exactly one earlier mapping, no longer used.
-        check("cuMemUnmap", unsafe {
-            sys::cuMemUnmap(va as sys::CUdeviceptr, size)
-        })
+        unsafe { vmm::unmap(va as sys::CUdeviceptr, size) }.map_err(backing_error)
     }
 
     #[cfg(unix)]
@@ -256,17 +233,8 @@ unsafe impl PhysicalBacking for CudaBacking {
             ));
         }
         self.device.bind()?;
-        let mut fd: std::ffi::c_int = -1;
-        // SAFETY: for POSIX handles the driver writes an `int` file descriptor through the
-        // pointer; `handle` is a live chunk created with that handle type.
-        check("cuMemExportToShareableHandle", unsafe {
-            sys::cuMemExportToShareableHandle(
-                (&mut fd as *mut std::ffi::c_int).cast(),
-                handle,
-                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                0,
-            )
-        })?;
+        // SAFETY: `handle` is a live chunk created exportable as a descriptor (checked above).
+        let fd = unsafe { vmm::export_fd(handle) }.map_err(backing_error)?;
         if fd < 0 {
             return Err(Error::Unsupported(
                 "cuMemExportToShareableHandle returned no descriptor".to_owned(),
@@ -287,16 +255,7 @@ impl CudaBacking {
     pub(crate) fn import_fd(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<PhysicalHandle> {
         use std::os::fd::AsRawFd;
         self.device.bind()?;
-        let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        // SAFETY: for POSIX handles the driver takes the descriptor's number in place of a
-        // pointer and only reads the descriptor, which the borrow keeps open for the call.
-        check("cuMemImportFromShareableHandle", unsafe {
-            sys::cuMemImportFromShareableHandle(
-                &mut handle,
-                fd.as_raw_fd() as usize as *mut std::ffi::c_void,
-                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-            )
-        })?;
-        Ok(handle)
+        // SAFETY: the borrow keeps the descriptor open for the call; a context is current.
+        unsafe { vmm::import_fd(fd.as_raw_fd()) }.map_err(backing_error)
     }
 }
