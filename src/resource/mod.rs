@@ -49,10 +49,10 @@ pub use source::virtual_memory::{
     VirtualStats,
 };
 
+#[cfg(feature = "cli")]
 pub(crate) use engine::call_clock::CallClock;
 #[cfg(feature = "cli")]
 pub(crate) use engine::stream_order::default_order;
-pub(crate) use engine::stream_order::order_for;
 pub use engine::stream_order::{
     CheckedCounts, CheckedOrder, CheckedResource, CountingOrder, CudaOrder, HostOrder, OrderCounts,
     OrderEvent, OrderFaults, RecordingOrder, StreamOrder, MARK_EVERY,

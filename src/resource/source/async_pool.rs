@@ -18,7 +18,9 @@ use super::location::{check_ordinal, Location};
 use crate::driver::{mem, Device};
 use crate::error::{DriverCode, Error, Result};
 use crate::resource::engine::ledger::Ledger;
-use crate::resource::{check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
+use crate::resource::memory_resource::{
+    check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT,
+};
 use crate::stream::StreamRef;
 
 const NAME: &str = "AsyncMemoryResource";

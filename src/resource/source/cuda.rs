@@ -6,7 +6,9 @@ use cudarc::driver::sys;
 
 use crate::driver::{mem, Device};
 use crate::error::{DriverCode, Error, Result};
-use crate::resource::{check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
+use crate::resource::memory_resource::{
+    check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT,
+};
 use crate::stream::StreamRef;
 
 const NAME: &str = "CudaMemoryResource";

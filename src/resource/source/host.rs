@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
-use crate::resource::{check_request, MemoryResource, Properties};
+use crate::resource::memory_resource::{check_request, MemoryResource, Properties};
 use crate::stream::StreamRef;
 use crate::sync::lock;
 

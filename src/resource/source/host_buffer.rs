@@ -11,7 +11,7 @@ use bytemuck::Pod;
 
 use crate::buffer::{release_in_drop, release_once};
 use crate::error::{Error, Result};
-use crate::resource::MemoryResource;
+use crate::resource::memory_resource::MemoryResource;
 use crate::stream::StreamRef;
 
 /// `len` elements of `T` that the host may read and write through [`as_slice`](Self::as_slice).
@@ -162,7 +162,8 @@ impl<T: Pod, R: MemoryResource> fmt::Debug for HostBuffer<T, R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resource::{CudaMemoryResource, HostMemoryResource};
+    use crate::resource::source::cuda::CudaMemoryResource;
+    use crate::resource::source::host::HostMemoryResource;
 
     #[test]
     fn views_round_trip_and_free_through_the_resource() {
@@ -249,7 +250,7 @@ mod tests {
             // SAFETY: forwarded caller contract.
             unsafe { self.host.deallocate(stream, ptr, bytes, align) }
         }
-        fn properties(&self) -> crate::resource::Properties {
+        fn properties(&self) -> crate::resource::memory_resource::Properties {
             self.host.properties()
         }
         fn device(&self) -> Option<crate::driver::Device> {

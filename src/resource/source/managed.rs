@@ -18,7 +18,9 @@ use super::location::Location;
 use crate::driver::{mem, Device, Stream};
 use crate::error::{Error, Result};
 use crate::resource::engine::ledger::Ledger;
-use crate::resource::{check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
+use crate::resource::memory_resource::{
+    check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT,
+};
 use crate::stream::StreamRef;
 
 const NAME: &str = "ManagedMemoryResource";

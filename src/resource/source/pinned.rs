@@ -20,7 +20,7 @@ use super::host_buffer::HostBuffer;
 use crate::driver::{mem, Device};
 use crate::error::{Error, Result};
 use crate::resource::engine::ledger::Ledger;
-use crate::resource::{check_request, MemoryResource, Properties};
+use crate::resource::memory_resource::{check_request, MemoryResource, Properties};
 use crate::stream::StreamRef;
 
 const NAME: &str = "PinnedHostMemoryResource";

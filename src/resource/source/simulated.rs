@@ -8,7 +8,9 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
-use crate::resource::{align_up, check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
+use crate::resource::memory_resource::{
+    align_up, check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT,
+};
 use crate::stream::StreamRef;
 use crate::sync::lock;
 

@@ -29,10 +29,9 @@ use crate::resource::engine::coalescing::{
     allocate_from, footprint, free_into, OnStream, PoolCore, Reach, GRAIN,
 };
 use crate::resource::engine::stream_order::default_order;
-use crate::resource::{
-    check_request, MemoryResource, PoolMemoryResource, PoolOptions, PoolStats, Properties,
-    StreamOrder,
-};
+use crate::resource::engine::stream_order::StreamOrder;
+use crate::resource::memory_resource::{check_request, MemoryResource, Properties};
+use crate::resource::suballoc::pool::{PoolMemoryResource, PoolOptions, PoolStats};
 use crate::stream::{StreamId, StreamRef};
 use crate::sync::lock;
 
@@ -50,6 +49,11 @@ pub struct ArenaOptions {
     pub arenas: usize,
     /// Options of the global arena (sizes, ordering).
     pub global: PoolOptions,
+}
+
+impl ArenaOptions {
+    /// The most per-thread arenas (`arenas` above this is [`Error::InvalidArgument`]).
+    pub const MAX_ARENAS: usize = 4096;
 }
 
 /// A snapshot of an arena resource.
@@ -112,10 +116,12 @@ impl<R: MemoryResource> ArenaMemoryResource<R> {
     pub fn new(upstream: R, options: ArenaOptions) -> Result<Self> {
         let superblock = match options.superblock_size {
             0 => 32 << 20,
-            n => crate::resource::align_up(n, GRAIN).ok_or(Error::SizeOverflow {
-                bytes: n,
-                align: GRAIN,
-            })?,
+            n => {
+                crate::resource::memory_resource::align_up(n, GRAIN).ok_or(Error::SizeOverflow {
+                    bytes: n,
+                    align: GRAIN,
+                })?
+            }
         };
         let arenas = match options.arenas {
             0 => 2 * std::thread::available_parallelism().map_or(4, |n| n.get()),

@@ -13,10 +13,12 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::resource::{
-    check_request, FixedSizeMemoryResource, FixedSizeOptions, MemoryResource, PoolMemoryResource,
-    PoolOptions, Properties, SharedResource, StreamOrder, DEFAULT_ALIGNMENT,
+use crate::resource::engine::stream_order::StreamOrder;
+use crate::resource::memory_resource::{
+    check_request, MemoryResource, Properties, SharedResource, DEFAULT_ALIGNMENT,
 };
+use crate::resource::suballoc::fixed_size::{FixedSizeMemoryResource, FixedSizeOptions};
+use crate::resource::suballoc::pool::{PoolMemoryResource, PoolOptions};
 use crate::stream::StreamRef;
 
 const NAME: &str = "BinningMemoryResource";
@@ -218,7 +220,8 @@ impl<R: MemoryResource> fmt::Debug for BinningMemoryResource<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resource::{HostMemoryResource, SimulatedMemoryResource};
+    use crate::resource::source::host::HostMemoryResource;
+    use crate::resource::source::simulated::SimulatedMemoryResource;
 
     fn bin(size: usize, resource: SharedResource) -> Bin {
         Bin { size, resource }

@@ -16,9 +16,9 @@ use std::sync::{Arc, Mutex};
 
 use crate::driver::Device;
 use crate::error::{Error, Result};
-use crate::resource::{
-    HostOrder, MemoryResource, PoolMemoryResource, PoolOptions, PoolStats, Properties,
-};
+use crate::resource::engine::stream_order::HostOrder;
+use crate::resource::memory_resource::{MemoryResource, Properties};
+use crate::resource::suballoc::pool::{PoolMemoryResource, PoolOptions, PoolStats};
 use crate::stream::{StreamId, StreamRef};
 use crate::sync::lock;
 
@@ -393,7 +393,7 @@ impl<R: MemoryResource + Clone> fmt::Debug for GraphSafeMemoryResource<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resource::SimulatedMemoryResource;
+    use crate::resource::source::simulated::SimulatedMemoryResource;
 
     const S: StreamRef<'static> = StreamRef::simulated(1);
     const T: StreamRef<'static> = StreamRef::simulated(2);

@@ -5,4 +5,6 @@ pub(crate) mod binning;
 pub(crate) mod fixed_size;
 pub(crate) mod graph_safe;
 pub(crate) mod limits;
+#[cfg(test)]
+mod limits_tests;
 pub(crate) mod pool;

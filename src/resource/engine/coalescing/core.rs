@@ -43,8 +43,8 @@ use super::live::LiveIndex;
 use super::node::{fresh_bin, sealed_bin, Node, Tag, ANY, GRAIN, LIVE};
 use super::tlsf::{Tlsf, NIL};
 use crate::error::{Error, Result};
-use crate::resource::align_up;
 use crate::resource::engine::stream_order::MARK_EVERY;
+use crate::resource::memory_resource::align_up;
 use crate::stream::StreamId;
 
 pub(crate) use ordered::{allocate_from, free_into, OnStream, Reach};

@@ -3,7 +3,7 @@
 
 use super::live::NodeAddr;
 use super::tlsf::FreeLinks;
-use crate::resource::DEFAULT_ALIGNMENT;
+use crate::resource::memory_resource::DEFAULT_ALIGNMENT;
 use crate::stream::StreamId;
 
 /// Every block is a multiple of this, at an address aligned to it.

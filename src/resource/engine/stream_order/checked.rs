@@ -24,7 +24,7 @@ use super::StreamOrder;
 use crate::adaptor::FaultPattern;
 use crate::driver::Device;
 use crate::error::{Error, Result};
-use crate::resource::{MemoryResource, Properties};
+use crate::resource::memory_resource::{MemoryResource, Properties};
 use crate::stream::{StreamId, StreamRef};
 use crate::sync::lock;
 
@@ -367,7 +367,7 @@ unsafe impl<R: MemoryResource> MemoryResource for CheckedResource<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resource::HostMemoryResource;
+    use crate::resource::source::host::HostMemoryResource;
 
     fn setup() -> (Arc<CheckedOrder>, CheckedResource<HostMemoryResource>) {
         let order = CheckedOrder::new(OrderFaults::default());

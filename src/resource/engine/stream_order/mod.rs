@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use crate::driver::Device;
 use crate::error::Error;
 use crate::error::Result;
-use crate::resource::MemoryResource;
+use crate::resource::memory_resource::MemoryResource;
 use crate::stream::{StreamId, StreamRef};
 use crate::sync::lock;
 
@@ -175,7 +175,7 @@ pub struct CountingOrder {
     waits: AtomicU64,
     device_syncs: AtomicU64,
     stream_syncs: AtomicU64,
-    clock: crate::resource::CallClock,
+    clock: crate::resource::engine::call_clock::CallClock,
 }
 
 /// What a [`CountingOrder`] was asked for.
@@ -206,7 +206,7 @@ impl CountingOrder {
             waits: AtomicU64::new(0),
             device_syncs: AtomicU64::new(0),
             stream_syncs: AtomicU64::new(0),
-            clock: crate::resource::CallClock::default(),
+            clock: crate::resource::engine::call_clock::CallClock::default(),
         }
     }
 
@@ -260,7 +260,7 @@ pub(crate) fn default_order<R: MemoryResource + ?Sized>(
 /// The ordering memory with `properties` on `device` needs (see [`default_order`]); `source`
 /// names where it comes from in the error.
 pub(crate) fn order_for(
-    properties: crate::resource::Properties,
+    properties: crate::resource::memory_resource::Properties,
     device: Option<Device>,
     source: &dyn fmt::Debug,
 ) -> Result<Arc<dyn StreamOrder>> {
@@ -278,7 +278,9 @@ pub(crate) fn order_for(
 mod tests {
     use super::*;
     use crate::driver::Device;
-    use crate::resource::{HostMemoryResource, PoolMemoryResource, PoolOptions, Properties};
+    use crate::resource::memory_resource::Properties;
+    use crate::resource::source::host::HostMemoryResource;
+    use crate::resource::suballoc::pool::{PoolMemoryResource, PoolOptions};
     use std::ptr::NonNull;
 
     /// Claims device-accessible memory but names no device.

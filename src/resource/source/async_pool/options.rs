@@ -81,7 +81,7 @@ impl AsyncPoolOptions {
 
 /// The pool's `maxSize` for a hard limit: the limit rounded up to the granularity.
 pub(crate) fn max_size_for(limit: usize) -> Option<usize> {
-    crate::resource::align_up(limit, POOL_GRANULARITY)
+    crate::resource::memory_resource::align_up(limit, POOL_GRANULARITY)
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::fmt;
 #[cfg(doc)]
 use super::SimulatedBacking;
 use crate::error::{Error, Result};
-use crate::resource::Properties;
+use crate::resource::memory_resource::Properties;
 
 /// A physical allocation, as the driver's `CUmemGenericAllocationHandle`.
 pub type PhysicalHandle = u64;

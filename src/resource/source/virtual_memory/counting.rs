@@ -7,7 +7,9 @@ use std::time::Duration;
 use super::backing::{PhysicalBacking, PhysicalHandle};
 use super::simulated::{BackingCounters, CallTimes};
 use crate::error::{Error, Result};
-use crate::resource::{CallClock, Properties, StreamOrder};
+use crate::resource::engine::call_clock::CallClock;
+use crate::resource::engine::stream_order::StreamOrder;
+use crate::resource::memory_resource::Properties;
 use crate::stream::{StreamId, StreamRef};
 
 /// A backing that counts the physical bytes in chunks (created and not released) and their

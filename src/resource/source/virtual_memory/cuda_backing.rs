@@ -7,7 +7,7 @@ use cudarc::driver::sys;
 use super::backing::{PhysicalBacking, PhysicalHandle};
 use crate::driver::{vmm, Device};
 use crate::error::{Error, Result};
-use crate::resource::Properties;
+use crate::resource::memory_resource::Properties;
 
 /// Where a [`CudaBacking`]'s physical chunks live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -80,7 +80,7 @@ impl CudaBacking {
             }
         }
         for &p in &options.peers {
-            crate::resource::check_ordinal(p)?;
+            crate::resource::source::location::check_ordinal(p)?;
         }
         let mut backing = CudaBacking {
             device: device.clone(),

@@ -18,7 +18,8 @@ use super::{BackingCounters, CountingBacking, PhysicalBacking, SimulatedBacking}
 use super::{VirtualMemoryResource, VirtualOptions, VirtualStats};
 use crate::driver::Device;
 use crate::error::{Error, Result};
-use crate::resource::{MemoryResource, Properties, StreamOrder};
+use crate::resource::engine::stream_order::StreamOrder;
+use crate::resource::memory_resource::{MemoryResource, Properties};
 use crate::stream::StreamRef;
 use crate::sync::lock;
 
@@ -174,7 +175,11 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
         // One order for both ranges: events on the backing's device, unless given.
         let order = match options.order {
             Some(o) => o,
-            None => crate::resource::order_for(backing.properties(), backing.device(), &backing)?,
+            None => crate::resource::engine::stream_order::order_for(
+                backing.properties(),
+                backing.device(),
+                &backing,
+            )?,
         };
         let backing = Arc::new(CountingBacking::new(backing, maximum));
         let range = |chunk: usize| {

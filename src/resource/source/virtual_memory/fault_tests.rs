@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::expandable::{ExpandableMemoryResource, ExpandableOptions};
 use super::*;
 use crate::adaptor::FaultPattern;
-use crate::resource::HostOrder;
+use crate::resource::engine::stream_order::HostOrder;
 
 const PAGE: usize = 2 << 20;
 const A: StreamRef<'static> = StreamRef::simulated(1);

@@ -7,7 +7,7 @@ use std::ffi::c_void;
 
 use super::backing::{PhysicalBacking, PhysicalHandle};
 use crate::error::{Error, Result};
-use crate::resource::Properties;
+use crate::resource::memory_resource::Properties;
 
 /// Host virtual memory (see the module docs): pages of 4 KiB or more, readable and writable by
 /// the host once mapped.

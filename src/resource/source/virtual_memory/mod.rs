@@ -65,8 +65,9 @@ use crate::error::{Error, Result};
 use crate::resource::engine::coalescing::{
     allocate_from, footprint, OnStream, Placer, PoolCore, Reach, GRAIN,
 };
-use crate::resource::StreamOrder;
-use crate::resource::{align_up, check_request, order_for, CudaOrder, MemoryResource, Properties};
+use crate::resource::engine::stream_order::StreamOrder;
+use crate::resource::engine::stream_order::{order_for, CudaOrder};
+use crate::resource::memory_resource::{align_up, check_request, MemoryResource, Properties};
 use crate::stream::StreamRef;
 
 pub(crate) const NAME: &str = "VirtualMemoryResource";

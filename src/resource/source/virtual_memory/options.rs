@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 #[cfg(doc)]
 use super::VirtualMemoryResource;
-use crate::resource::StreamOrder;
+use crate::resource::engine::stream_order::StreamOrder;
 
 /// How a [`VirtualMemoryResource`] is sized.
 #[derive(Clone, Default)]

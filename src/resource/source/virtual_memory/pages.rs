@@ -14,7 +14,7 @@ use super::backing::{PhysicalBacking, PhysicalHandle};
 use crate::error::{Error, Result};
 #[cfg(doc)]
 use crate::resource::engine::coalescing::Placer;
-use crate::resource::StreamOrder;
+use crate::resource::engine::stream_order::StreamOrder;
 use crate::stream::StreamRef;
 
 /// What a caller of [`Pages::commit`] knows of the work that may still use free pages.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::resource::{OrderEvent, RecordingOrder};
+use crate::resource::engine::stream_order::{OrderEvent, RecordingOrder};
 
 const MIB: usize = 1 << 20;
 const PAGE: usize = 2 * MIB;

@@ -10,7 +10,7 @@ use cudarc::driver::DriverError;
 use super::backing::{PhysicalBacking, PhysicalHandle};
 use crate::adaptor::FaultPattern;
 use crate::error::{Error, Result};
-use crate::resource::Properties;
+use crate::resource::memory_resource::Properties;
 use crate::sync::lock;
 
 /// Where simulated reservations start: far from null and from [`SimulatedMemoryResource`]'s

@@ -7,7 +7,9 @@ use loom::thread;
 
 use super::stack::{Links, TaggedStack, NIL};
 use super::{FixedSizeMemoryResource, FixedSizeOptions};
-use crate::resource::{HostMemoryResource, HostOrder, MemoryResource};
+use crate::resource::engine::stream_order::HostOrder;
+use crate::resource::memory_resource::MemoryResource;
+use crate::resource::source::host::HostMemoryResource;
 use crate::stream::StreamRef;
 use crate::sync::atomic::AtomicU32;
 use crate::sync::Arc;
@@ -204,7 +206,7 @@ fn slot_claims_race_without_sharing_or_splitting() {
 /// out twice.
 #[test]
 fn slot_take_over_races_a_free_on_the_old_stream() {
-    use crate::resource::{CheckedOrder, OrderFaults};
+    use crate::resource::engine::stream_order::{CheckedOrder, OrderFaults};
     // The allocation runs the whole slow path: bound preemptions to keep the model finite.
     let mut builder = loom::model::Builder::new();
     builder.max_branches = 100_000;

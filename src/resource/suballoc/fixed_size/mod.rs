@@ -49,8 +49,9 @@ use self::slots::Slot;
 use self::stack::{Links, TaggedStack, NIL};
 use crate::error::{Error, Result};
 use crate::resource::engine::stream_order::default_order;
-use crate::resource::{
-    align_up, check_request, MemoryResource, Properties, StreamOrder, DEFAULT_ALIGNMENT,
+use crate::resource::engine::stream_order::StreamOrder;
+use crate::resource::memory_resource::{
+    align_up, check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT,
 };
 use crate::stream::StreamRef;
 use crate::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -86,6 +87,10 @@ pub struct FixedSizeOptions {
 }
 
 impl FixedSizeOptions {
+    /// The largest `max_refills` (above this is [`Error::InvalidArgument`]): the slab table
+    /// is allocated up front, one entry per refill.
+    pub const MAX_REFILLS: usize = 1 << 20;
+
     /// Blocks of `block_size` bytes, other settings by default.
     pub fn new(block_size: usize) -> Self {
         FixedSizeOptions {

@@ -8,7 +8,7 @@ use super::slots::Claimed;
 use super::stack::{chain_tail, Links, Moved, TaggedStack, NIL};
 use super::{Inner, Slab, Undo, GRAIN};
 use crate::error::Result;
-use crate::resource::MemoryResource;
+use crate::resource::memory_resource::MemoryResource;
 use crate::stream::StreamRef;
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use crate::sync::lock;

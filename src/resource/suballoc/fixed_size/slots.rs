@@ -6,7 +6,7 @@ use std::sync::TryLockError;
 
 use super::stack::{chain_tail, Moved, TaggedStack};
 use super::{Inner, Undo, FREES_PER_MARK};
-use crate::resource::MemoryResource;
+use crate::resource::memory_resource::MemoryResource;
 use crate::stream::{StreamId, StreamRef};
 use crate::sync::atomic::{AtomicUsize, Ordering};
 use crate::sync::{Mutex, MutexGuard};

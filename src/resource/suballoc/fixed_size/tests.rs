@@ -4,7 +4,8 @@
 use std::ptr::NonNull;
 
 use super::{FixedSizeMemoryResource, FixedSizeOptions, STREAM_SLOTS};
-use crate::resource::{HostMemoryResource, MemoryResource};
+use crate::resource::memory_resource::MemoryResource;
+use crate::resource::source::host::HostMemoryResource;
 use crate::stream::StreamRef;
 
 fn resource() -> FixedSizeMemoryResource<HostMemoryResource> {
@@ -145,7 +146,7 @@ fn a_new_stream_takes_over_a_slot_whose_stacks_are_empty() {
 /// allocating through the shared one.
 #[test]
 fn a_short_stream_takes_a_share_and_a_busy_stream_keeps_the_rest() {
-    use crate::resource::{CountingOrder, HostOrder};
+    use crate::resource::engine::stream_order::{CountingOrder, HostOrder};
     use std::sync::Arc;
     let order = Arc::new(CountingOrder::new(Arc::new(HostOrder)));
     let opts = FixedSizeOptions::new(256)

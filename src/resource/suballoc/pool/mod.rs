@@ -55,7 +55,8 @@ use crate::resource::engine::coalescing::{
     allocate_from, footprint, free_into, OnStream, PoolCore, Reach, GRAIN,
 };
 use crate::resource::engine::stream_order::default_order;
-use crate::resource::{align_up, check_request, MemoryResource, Properties, StreamOrder};
+use crate::resource::engine::stream_order::StreamOrder;
+use crate::resource::memory_resource::{align_up, check_request, MemoryResource, Properties};
 use crate::stream::{StreamId, StreamRef};
 use crate::sync::lock;
 
@@ -87,6 +88,9 @@ pub struct PoolOptions {
 }
 
 impl PoolOptions {
+    /// The most shards a pool takes (`shards` above this is [`Error::InvalidArgument`]).
+    pub const MAX_SHARDS: usize = 4096;
+
     /// Options with an initial size and no maximum.
     pub fn new(initial_size: usize) -> Self {
         PoolOptions {

@@ -6,7 +6,7 @@ use std::sync::PoisonError;
 use super::{non_null, Inner, PoolMemoryResource, PoolStats, NAME};
 use crate::error::Result;
 use crate::resource::engine::coalescing::{PoolCore, GRAIN};
-use crate::resource::MemoryResource;
+use crate::resource::memory_resource::MemoryResource;
 use crate::stream::{StreamId, StreamRef};
 use crate::sync::lock;
 

@@ -5,9 +5,9 @@ use std::ptr::NonNull;
 
 use super::PoolCore;
 use crate::error::Error;
-use crate::resource::align_up;
 use crate::resource::engine::coalescing::node::{tag_of_bin, Node, ANY, GRAIN, LIVE, SPARE};
 use crate::resource::engine::coalescing::tlsf::NIL;
+use crate::resource::memory_resource::align_up;
 
 impl PoolCore {
     /// that fails) a walk of the request's own size class.

@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 
 use super::{footprint, EmptyChunk, Placer, PoolCore};
 use crate::error::Result;
-use crate::resource::StreamOrder;
+use crate::resource::engine::stream_order::StreamOrder;
 use crate::stream::{StreamId, StreamRef};
 
 /// A stream with its id, taken once by the caller: a default stream's id asks the driver, so

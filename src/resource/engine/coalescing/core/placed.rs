@@ -7,8 +7,8 @@
 use std::ptr::NonNull;
 
 use super::PoolCore;
-use crate::resource::align_up;
 use crate::resource::engine::coalescing::node::{fresh_bin, sealed_bin, ANY, GRAIN};
+use crate::resource::memory_resource::align_up;
 use crate::stream::StreamId;
 
 /// At most this many free blocks are weighed per search.

@@ -1,7 +1,7 @@
 use super::*;
 use crate::resource::engine::coalescing::node::GRAIN;
-use crate::resource::StreamOrder;
-use crate::resource::{HostOrder, OrderEvent, RecordingOrder};
+use crate::resource::engine::stream_order::StreamOrder;
+use crate::resource::engine::stream_order::{HostOrder, OrderEvent, RecordingOrder};
 use crate::stream::StreamRef;
 
 const A: StreamRef<'static> = StreamRef::simulated(1);
