@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::error::{Error, Result};
+use crate::sync::lock;
 
 /// A failure that no caller could receive when it happened.
 #[derive(Debug)]
@@ -44,7 +45,7 @@ static COUNT: AtomicU64 = AtomicU64::new(0);
 
 /// Takes the first deferred error recorded since the last call (process-wide), if any.
 pub fn take_deferred_error() -> Option<DeferredError> {
-    FIRST.lock().unwrap_or_else(|e| e.into_inner()).take()
+    lock(&FIRST).take()
 }
 
 /// How many deferred errors were recorded since the process started (taken or not).
@@ -57,7 +58,7 @@ pub fn deferred_error_count() -> u64 {
 pub fn record<T>(context: &'static str, result: Result<T>) {
     if let Err(error) = result {
         COUNT.fetch_add(1, Ordering::Relaxed);
-        let mut first = FIRST.lock().unwrap_or_else(|e| e.into_inner());
+        let mut first = lock(&FIRST);
         if first.is_none() {
             *first = Some(DeferredError { context, error });
         }

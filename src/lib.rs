@@ -38,7 +38,7 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | [`resource`] | the trait; plain resources (cuda, managed, pinned, driver pool, host, simulated) and the suballocators (pool, fixed-size, binning, arena) |
+//! | [`resource`] | the trait, in three layers: sources (cuda, managed, pinned, driver pool, host, simulated, virtual memory), engines (coalescing, stream order, ledger) and suballocators (pool, arena, binning, fixed-size, graph-safe) |
 //! | [`adaptor`] | limiting, statistics, tracking, logging, failure callback, aligned, prefetch |
 //! | [`current`] | the per-device current resource and `reinitialize` |
 //! | [`buffer`] | `DeviceBuffer`, `DeviceVec<T: Pod>` |

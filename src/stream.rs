@@ -16,8 +16,9 @@
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
+use crate::sync::lock;
 use cudarc::driver::sys::CUstream;
 
 /// Ids and raw values are tagged in bits 60 and 61 (the top four bits of a 64-bit value), which
@@ -220,9 +221,7 @@ fn remember_context(ctx: usize) {
     {
         return;
     }
-    let mut known = SPECIAL_CONTEXTS
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
+    let mut known = lock(&SPECIAL_CONTEXTS);
     if !known.iter().any(|&(c, _)| c == ctx) {
         known.push((ctx, ordinal.max(0) as usize));
     }
@@ -233,10 +232,7 @@ fn remember_context(ctx: usize) {
 /// per-thread default stream: blocks freed on those streams may be queued in any of them, so a
 /// device-wide synchronisation on behalf of such blocks must cover them all.
 pub(crate) fn special_stream_contexts() -> Vec<(usize, usize)> {
-    SPECIAL_CONTEXTS
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
+    lock(&SPECIAL_CONTEXTS).clone()
 }
 
 /// A number for the calling thread's per-thread stream in context `ctx`, unique in the process

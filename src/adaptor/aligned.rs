@@ -4,10 +4,10 @@ use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
-use super::lock;
 use crate::error::{Error, Result};
 use crate::resource::{align_up, check_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::stream::StreamRef;
+use crate::sync::lock;
 
 const NAME: &str = "AlignedResourceAdaptor";
 

@@ -8,10 +8,10 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::lock;
 use crate::error::{Error, Result};
 use crate::resource::{MemoryResource, Properties};
 use crate::stream::StreamRef;
+use crate::sync::lock;
 
 const NAME: &str = "FaultInjectingResource";
 

@@ -20,10 +20,10 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::lock;
 use crate::error::Result;
 use crate::resource::{MemoryResource, Properties};
 use crate::stream::StreamRef;
+use crate::sync::lock;
 
 /// The header line, as RMM writes it.
 pub const LOG_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";

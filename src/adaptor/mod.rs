@@ -29,11 +29,3 @@ pub use logging::{LogAction, LoggingResourceAdaptor, LOG_HEADER};
 pub use prefetch::PrefetchResourceAdaptor;
 pub use statistics::{Counter, StatisticsResourceAdaptor};
 pub use tracking::{Allocation, TrackingResourceAdaptor};
-
-use std::sync::{Mutex, MutexGuard};
-
-/// Locks a mutex whose data every critical section leaves consistent (each is a single insert,
-/// remove or counter update), so poisoning carries no information.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}

@@ -4,10 +4,10 @@
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
-use super::lock;
 use crate::error::{Error, Result};
 use crate::resource::{MemoryResource, Properties};
 use crate::stream::StreamRef;
+use crate::sync::lock;
 
 /// One statistic: its current value, the highest it reached, and the sum of everything added.
 ///

@@ -7,11 +7,11 @@ use std::fmt::Write as _;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
-use super::lock;
 use crate::error::{Error, Result};
 use crate::resource::{MemoryResource, Properties};
 use crate::snapshot::Action;
 use crate::stream::{StreamId, StreamRef};
+use crate::sync::lock;
 
 #[path = "tracking_history.rs"]
 mod history;

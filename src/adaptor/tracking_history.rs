@@ -6,10 +6,11 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::{lock, TrackingResourceAdaptor};
+use super::TrackingResourceAdaptor;
 use crate::error::Result;
 use crate::resource::MemoryResource;
 use crate::snapshot::{frames_of, Action, BlockSpan, SegmentSpan, Snapshot, TraceEntry};
+use crate::sync::lock;
 
 /// Orders events across trackers (a client-side one and the one on its upstream).
 static SEQUENCE: AtomicU64 = AtomicU64::new(0);

@@ -8,6 +8,7 @@ use std::thread::ThreadId;
 use cudarc::driver::{sys, CudaEvent, CudaStream, SyncOnDrop};
 
 use crate::error::{Error, Result};
+use crate::sync::lock;
 
 /// The per-thread default stream's handle: one handle, a different stream on every thread.
 const PER_THREAD: sys::CUstream = 0x2 as sys::CUstream;
@@ -54,7 +55,7 @@ impl ForeignUses {
     /// A read of the buffer on `stream`, whose own stream is `own`: `stream` waits for `own`
     /// and for foreign writes; the returned guard records `stream`'s event when the read ends.
     pub(crate) fn read<'a>(&'a self, own: &CudaStream, stream: &'a CudaStream) -> SyncOnDrop<'a> {
-        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut entries = lock(&self.entries);
         if *own == *stream {
             for e in entries.iter().filter(|e| e.wrote) {
                 wait_or_block(own, &e.event);
@@ -113,7 +114,7 @@ impl ForeignUses {
 
     /// Makes `own` wait for foreign writes (before a read on `own`).
     pub(crate) fn settle_writes(&self, own: &CudaStream) -> Result<()> {
-        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let entries = lock(&self.entries);
         for e in entries.iter().filter(|e| e.wrote) {
             own.wait(&e.event)
                 .map_err(|err| Error::driver("cuStreamWaitEvent", err))?;

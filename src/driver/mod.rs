@@ -8,8 +8,10 @@
 pub mod capture;
 mod device;
 mod link;
+pub(crate) mod mem;
 mod module;
 mod stream;
+pub(crate) mod vmm;
 
 pub use device::{Device, DeviceProperties, MemInfo};
 pub use link::{link_ptx, LinkedModule, PtxInput};

@@ -5,7 +5,7 @@
 //! `general_growth.rs`; the model is in the `heap` module's documentation ("Growth").
 
 use std::fmt;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use carve_kernels::heap_layout::HeapHandle;
@@ -15,6 +15,7 @@ use super::region::{bump_plan, raw_len_of, slab_plan, HeapKind};
 use super::stats::HeapStats;
 use crate::error::{Error, Result};
 use crate::resource::{PhysicalBacking, VirtualMemoryResource, VirtualStats};
+use crate::sync::lock;
 
 pub(super) const NAME: &str = "DeviceHeap";
 
@@ -187,8 +188,7 @@ impl Growth {
     }
 
     pub(super) fn seen(&self) -> MutexGuard<'_, Seen> {
-        // Plain data, consistent after any panic.
-        self.seen.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.seen)
     }
 
     /// Forgets the counters: the heap's statistics restarted.

@@ -3,7 +3,7 @@
 //! data instead of passing by luck.
 
 use std::ffi::c_void;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use cudarc::driver::sys;
@@ -11,6 +11,7 @@ use cudarc::driver::sys;
 use crate::driver::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::stream::StreamRef;
+use crate::sync::lock;
 
 /// The longest a gate holds its stream, so that a test that forgets to open it, or panics
 /// before it does, cannot hang the process.
@@ -51,7 +52,7 @@ impl Gate {
     /// Lets the stream go on.
     pub fn open(&self) {
         let (open, cv) = &*self.latch;
-        *open.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        *lock(open) = true;
         cv.notify_all();
     }
 }
@@ -66,7 +67,7 @@ extern "C" fn wait(arg: *mut c_void) {
     // SAFETY: `arg` is the reference `Gate::hold` leaked for this call.
     let latch = unsafe { Arc::from_raw(arg as *const Latch) };
     let (open, cv) = &*latch;
-    let guard = open.lock().unwrap_or_else(PoisonError::into_inner);
+    let guard = lock(open);
     // A poisoned or timed-out wait lets the stream go on: never unwind into the driver.
     let _ = cv.wait_timeout_while(guard, GATE_LIMIT, |open| !*open);
 }

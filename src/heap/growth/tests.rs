@@ -192,10 +192,10 @@ fn footprints_round_to_chunks() {
     assert_eq!(Growth::plain().footprint(12345), 12345);
     let g = Growth::plain();
     assert_eq!(g.retired(), None);
-    g.seen().retired = Some(stats(0, 0));
-    g.seen().failed = 9;
+    lock(&g.seen).retired = Some(stats(0, 0));
+    lock(&g.seen).failed = 9;
     g.reset();
-    assert_eq!((g.retired(), g.seen().failed), (None, 0));
+    assert_eq!((g.retired(), lock(&g.seen).failed), (None, 0));
 }
 
 mod models {
