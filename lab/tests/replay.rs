@@ -1,33 +1,23 @@
 //! `carve replay` on host and simulated memory (no GPU needed).
 
-use std::io::{self, Write};
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use carve::adaptor::{LoggingResourceAdaptor, StatisticsResourceAdaptor};
-use carve::{Error, HostMemoryResource, MemoryResource, Properties, StreamId, StreamRef};
+use carve::{Error, HostMemoryResource, MemoryResource, StreamRef};
 use carve_lab::replay::cli::{replay_file, ReplayArgs};
 use carve_lab::replay::{
     build_target, parse_log, plan, replay, LargeUpstream, ReplayReport, ResourceKind,
     ResourceOptions, Target,
 };
+use common::{ScriptedUpstream, SharedBuf};
 
 const GIB: usize = 1 << 30;
-
-#[derive(Clone, Default)]
-struct SharedBuf(Arc<Mutex<Vec<u8>>>);
-
-impl Write for SharedBuf {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
 
 fn args(log: &Path, kind: ResourceKind) -> ReplayArgs {
     ReplayArgs {
@@ -106,7 +96,7 @@ fn logging_then_replay_reproduces_the_peak_single_thread() {
     logged.flush().unwrap();
     let original_peak = stats.bytes_counter().peak as usize;
 
-    let text = buf.0.lock().unwrap().clone();
+    let text = buf.bytes();
     let plan = plan(&parse_log(&text[..]).unwrap()).unwrap();
     assert_eq!(plan.logged_peak, original_peak);
     assert_eq!(plan.streams.len(), 2);
@@ -137,7 +127,7 @@ fn logging_then_replay_from_four_threads() {
         }
     });
     logged.flush().unwrap();
-    let text = buf.0.lock().unwrap().clone();
+    let text = buf.bytes();
     let plan = plan(&parse_log(&text[..]).unwrap()).unwrap();
     assert_eq!(plan.threads.len(), 4);
     let target = build_target(&ResourceOptions::new(ResourceKind::Host), &plan.streams).unwrap();
@@ -153,40 +143,6 @@ fn logging_then_replay_from_four_threads() {
     );
     assert_eq!(report.threads, 4);
     assert_eq!(report.streams, 5);
-}
-
-/// Records (OS thread, bytes, stream) of every allocation, over host memory.
-#[derive(Debug, Default)]
-struct Recorder {
-    host: HostMemoryResource,
-    seen: Mutex<Vec<(std::thread::ThreadId, usize, StreamId)>>,
-}
-
-// SAFETY: delegates to the host resource.
-unsafe impl MemoryResource for Recorder {
-    fn allocate(&self, s: StreamRef<'_>, bytes: usize, align: usize) -> carve::Result<NonNull<u8>> {
-        self.seen
-            .lock()
-            .unwrap()
-            .push((std::thread::current().id(), bytes, s.id()));
-        self.host.allocate(s, bytes, align)
-    }
-    unsafe fn deallocate(
-        &self,
-        s: StreamRef<'_>,
-        p: NonNull<u8>,
-        bytes: usize,
-        align: usize,
-    ) -> carve::Result<()> {
-        // SAFETY: forwarded caller contract.
-        unsafe { self.host.deallocate(s, p, bytes, align) }
-    }
-    fn properties(&self) -> Properties {
-        Properties::HOST
-    }
-    fn device(&self) -> Option<carve::Device> {
-        None
-    }
 }
 
 #[test]
@@ -209,7 +165,7 @@ fn replay_follows_the_global_order_with_one_os_thread_per_logged_thread() {
         rows.join("\n")
     );
     let plan = plan(&parse_log(text.as_bytes()).unwrap()).unwrap();
-    let rec = Arc::new(Recorder::default());
+    let rec = Arc::new(ScriptedUpstream::new());
     let streams = vec![
         StreamRef::DEFAULT,
         StreamRef::simulated(1),
@@ -224,20 +180,20 @@ fn replay_follows_the_global_order_with_one_os_thread_per_logged_thread() {
         0,
         "unfreed blocks are freed at the end"
     );
-    let seen = rec.seen.lock().unwrap();
-    let sizes: Vec<usize> = seen.iter().map(|s| s.1).collect();
+    let seen = rec.calls.lock().unwrap();
+    let sizes: Vec<usize> = seen.iter().map(|r| r.bytes).collect();
     assert_eq!(sizes, (1..=300).collect::<Vec<_>>());
-    for (i, (_, _, s)) in seen.iter().enumerate() {
-        assert_eq!(*s, streams[i % 3].id());
+    for (i, r) in seen.iter().enumerate() {
+        assert_eq!(r.stream, streams[i % 3].id());
     }
     // Each logged thread ran on one OS thread of its own.
     let mut by_logged: std::collections::HashMap<u64, std::collections::HashSet<_>> =
         Default::default();
-    for (i, (tid, _, _)) in seen.iter().enumerate() {
+    for (i, r) in seen.iter().enumerate() {
         by_logged
             .entry([11, 22, 33][i * 7 % 3])
             .or_default()
-            .insert(*tid);
+            .insert(r.thread);
     }
     assert!(by_logged.values().all(|set| set.len() == 1));
     let os: std::collections::HashSet<_> = by_logged.values().flatten().collect();

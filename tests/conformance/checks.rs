@@ -6,8 +6,9 @@ use std::sync::Mutex;
 
 use carve::{Error, MemoryResource};
 
-use super::model::{ordered_after_free, FreedRanges, Live, Rng};
+use super::model::{ordered_after_free, FreedRanges, Live};
 use super::{note, Detect, Env, Order, Subject, Usage, STREAMS};
+use crate::common::rng::XorShift64Star as Rng;
 
 /// Sizes every check tries, capped by the resource's `max_bytes`.
 const SIZES: [usize; 8] = [1, 8, 255, 256, 1000, 3000, 4096, 10_000];
