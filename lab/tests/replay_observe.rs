@@ -14,6 +14,7 @@ use carve::{HostMemoryResource, MemoryResource, StreamRef};
 use carve_lab::replay::cli::{replay_all, ReplayArgs};
 use carve_lab::replay::{LargeUpstream, ResourceKind};
 use carve_lab::snapshot::ReadSnapshot;
+use common::rng::{seeded, RngExt};
 use common::SharedBuf;
 
 fn args(log: &Path, kinds: &[ResourceKind]) -> ReplayArgs {
@@ -38,13 +39,11 @@ fn args(log: &Path, kinds: &[ResourceKind]) -> ReplayArgs {
 
 /// Allocates and frees pseudo-randomly through `mr`, leaving `keep` blocks live at the end.
 fn workload(mr: &dyn MemoryResource, steps: usize, keep: usize) -> Vec<(NonNull<u8>, usize)> {
-    let mut x = 0x5eed_u64;
+    let mut rng = seeded(0x5eed_u64);
     let mut live: Vec<(NonNull<u8>, usize)> = Vec::new();
     let s = [StreamRef::DEFAULT, StreamRef::simulated(3)];
     for _ in 0..steps {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x: u64 = rng.random();
         if x % 10 < 6 || live.is_empty() {
             let bytes = 512 * (1 + (x >> 8) as usize % 400);
             live.push((

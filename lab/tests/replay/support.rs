@@ -7,6 +7,8 @@ use carve::{MemoryResource, StreamRef};
 use carve_lab::replay::cli::ReplayArgs;
 use carve_lab::replay::{LargeUpstream, ResourceKind};
 
+use crate::common::rng::{seeded, RngExt};
+
 pub const GIB: usize = 1 << 30;
 
 pub fn args(log: &Path, kind: ResourceKind) -> ReplayArgs {
@@ -46,13 +48,8 @@ pub fn row(thread: u64, action: &str, ptr: u64, bytes: usize, stream: &str) -> S
 
 /// A deterministic pseudo-random workload: `steps` steps of allocate (60 %) or free a live block.
 pub fn workload(mr: &dyn MemoryResource, seed: u64, steps: usize, streams: &[StreamRef<'_>]) {
-    let mut x = seed | 1;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = seeded(seed);
+    let mut next = || rng.random::<u64>();
     let mut live: Vec<(NonNull<u8>, usize, StreamRef<'_>)> = Vec::new();
     for _ in 0..steps {
         let r = next();
