@@ -6,6 +6,8 @@
 //! [`PoolMemoryResource`]). Before the arena merged other streams' frees before growing, it held
 //! 350 to 570 times the live peak here.
 
+mod common;
+
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,6 +18,7 @@ use carve::resource::{ArenaOptions, CheckedOrder, OrderFaults, PoolOptions, Stre
 use carve::{
     ArenaMemoryResource, HostMemoryResource, MemoryResource, PoolMemoryResource, StreamRef,
 };
+use common::rng::{seeded, RngExt};
 
 const KIB: usize = 1024;
 const THREADS: usize = 4;
@@ -66,11 +69,9 @@ fn churn(mr: &dyn MemoryResource, live: &Live) {
                 // on each than a suballocator waits for before it marks a stream.
                 let free_on = |step: usize| StreamRef::simulated(1000 + t * 1_000_000 + step / 32);
                 let mut ring = VecDeque::with_capacity(WINDOW);
-                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t as u64;
+                let mut rng = seeded(0x9e37_79b9_7f4a_7c15u64 ^ t as u64);
                 for step in 0..STEPS {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
+                    let x: u64 = rng.random();
                     let bytes = 256 * (1 + (x % 128) as usize);
                     live.add(bytes);
                     let p = mr.allocate(alloc_on, bytes, 256).unwrap();

@@ -4,6 +4,7 @@
 //!
 //! To test a new resource, write a factory below and add one line to the list at the end.
 
+mod common;
 #[macro_use]
 mod conformance;
 
@@ -358,52 +359,18 @@ conformance_suite! { cpu;
 
 /// The checks can fail: resources that break a promise are caught.
 mod the_suite_catches {
-    use std::ptr::NonNull;
-
-    use carve::resource::{HostOrder, Properties};
+    use carve::resource::HostOrder;
 
     use super::*;
+    use crate::common::ScriptedUpstream;
 
     /// Host memory that reports success for every free, even of pointers it never handed out.
-    #[derive(Debug)]
-    struct Lenient(HostMemoryResource);
-
-    // SAFETY: blocks come from the host resource unchanged; swallowing its refusals breaks only
-    // the typed-error promise under test (the refused pointer is never freed).
-    unsafe impl MemoryResource for Lenient {
-        fn allocate(
-            &self,
-            s: StreamRef<'_>,
-            bytes: usize,
-            align: usize,
-        ) -> carve::Result<NonNull<u8>> {
-            self.0.allocate(s, bytes, align)
-        }
-        unsafe fn deallocate(
-            &self,
-            s: StreamRef<'_>,
-            p: NonNull<u8>,
-            bytes: usize,
-            align: usize,
-        ) -> carve::Result<()> {
-            // SAFETY: forwarded; the host resource refuses what it does not own.
-            let _ = unsafe { self.0.deallocate(s, p, bytes, align) };
-            Ok(())
-        }
-        fn properties(&self) -> Properties {
-            Properties::HOST
-        }
-        fn device(&self) -> Option<carve::Device> {
-            None
-        }
-    }
-
     #[test]
     #[should_panic(expected = "free of a stack address: expected UnknownPointer, got Ok(())")]
     fn a_resource_that_accepts_foreign_frees() {
         let env = cpu().unwrap();
         conformance::bad_frees("lenient", &env, &|| {
-            Subject::new(Lenient(HostMemoryResource::new())).frees_at_once("host memory")
+            Subject::new(ScriptedUpstream::new().lenient()).frees_at_once("host memory")
         });
     }
 

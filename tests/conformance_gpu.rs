@@ -9,6 +9,7 @@
 //!
 //! To test a new resource, write a factory below and add one line to the list at the end.
 
+mod common;
 #[macro_use]
 mod conformance;
 

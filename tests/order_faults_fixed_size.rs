@@ -7,6 +7,8 @@
 //! every other test clears its faults before dropping, so the process-wide deferred-error slot
 //! sees that one test alone.
 
+mod common;
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 use std::sync::mpsc;
@@ -19,8 +21,7 @@ use carve::{
     BinningMemoryResource, Error, FixedSizeMemoryResource, HostMemoryResource, MemoryResource,
     SharedResource, StreamRef,
 };
-use rand::rngs::SmallRng;
-use rand::{RngExt, SeedableRng};
+use common::rng::{seeded, RngExt};
 
 type Fixed = FixedSizeMemoryResource<CheckedResource<HostMemoryResource>>;
 
@@ -354,7 +355,7 @@ fn three_threads<M: MemoryResource + Sync>(
                 let mailbox = &mailbox;
                 scope.spawn(move || {
                     let st = s(10 + t);
-                    let mut rng = SmallRng::seed_from_u64(seed + t as u64);
+                    let mut rng = seeded(seed + t as u64);
                     let mut mine: Vec<(usize, usize)> = Vec::new();
                     for _ in 0..3000 {
                         match rng.random_range(0..10) {

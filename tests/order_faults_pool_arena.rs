@@ -6,6 +6,8 @@
 //! timeout), the invariants hold, and no block changed streams without a covering ordering
 //! call.
 
+mod common;
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 use std::sync::mpsc;
@@ -20,6 +22,7 @@ use carve::{
     deferred_error_count, take_deferred_error, ArenaMemoryResource, HostMemoryResource,
     MemoryResource, PoolMemoryResource, StreamRef,
 };
+use common::rng::{seeded, RngExt};
 
 const THREADS: usize = 3;
 const STEPS: usize = 1500;
@@ -111,11 +114,9 @@ fn run(mr: Arc<dyn UnderTest>, order: Arc<CheckedOrder>, seed: u64) {
                 scope.spawn(move || {
                     let s = StreamRef::simulated(1 + t);
                     let mut mine: Vec<(usize, usize)> = Vec::new();
-                    let mut x = seed ^ (t as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                    let mut rng = seeded(seed ^ (t as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
                     for _ in 0..STEPS {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
+                        let x: u64 = rng.random();
                         match x % 16 {
                             0 => {
                                 let _ = catch_unwind(AssertUnwindSafe(|| mr.release()));

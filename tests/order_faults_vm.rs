@@ -3,6 +3,8 @@
 //! hangs, the invariants hold, and every block that changes streams follows a successful
 //! ordering call that covers its free. Simulated memory: no GPU.
 
+mod common;
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,6 +14,7 @@ use carve::resource::{
     CheckedOrder, CheckedResource, ExpandableOptions, OrderFaults, SimulatedBacking, VirtualOptions,
 };
 use carve::{Error, ExpandableMemoryResource, MemoryResource, StreamRef, VirtualMemoryResource};
+use common::rng::{seeded, RngExt};
 
 const MIB: usize = 1 << 20;
 const PAGE: usize = 2 * MIB;
@@ -190,11 +193,9 @@ fn stress<R: Subject>(name: &str, order: &Arc<CheckedOrder>, r: R, sizes: &[usiz
                 scope.spawn(move || {
                     let s = StreamRef::simulated(t as usize);
                     let (mut ok, mut refused) = (0u64, 0u64);
-                    let mut x = t.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                    let mut rng = seeded(t.wrapping_mul(0x9e37_79b9_7f4a_7c15));
                     for step in 0..1500u64 {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
+                        let x: u64 = rng.random();
                         match x % 8 {
                             0..=3 => {
                                 let bytes = sizes[(x >> 8) as usize % sizes.len()];

@@ -2,6 +2,8 @@
 //! threads, and a suballocator used from two threads on `StreamRef::PER_THREAD` orders a block
 //! that one thread frees before the other may have it. CPU only: host memory, a `CheckedOrder`.
 
+mod common;
+
 use std::collections::HashSet;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -11,6 +13,7 @@ use carve::{
     BinningMemoryResource, FixedSizeMemoryResource, HostMemoryResource, MemoryResource,
     PoolMemoryResource, StreamId, StreamRef,
 };
+use common::rng::{seeded, RngExt};
 
 /// `StreamRef::PER_THREAD`'s id, taken on a new thread.
 fn per_thread_id_on_a_new_thread() -> StreamId {
@@ -177,12 +180,10 @@ fn threads_on_per_thread_streams_never_reuse_a_block_unordered() {
         for t in 0..4u64 {
             let resources = &resources;
             s.spawn(move || {
-                let mut seed = 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(t + 1);
+                let mut rng = seeded(0x9E37_79B9_7F4A_7C15u64.wrapping_mul(t + 1));
                 let mut live: Vec<(usize, NonNull<u8>, usize)> = Vec::new();
                 for _ in 0..4000 {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
+                    let seed: u64 = rng.random();
                     let which = (seed >> 8) as usize % 2;
                     let (mr, max) = resources[which];
                     if live.len() < 4 && seed % 3 != 0 {

@@ -42,8 +42,7 @@ use carve::{
     FixedSizeMemoryResource, HostMemoryResource, MemoryResource, PinnedFlags,
     PinnedHostMemoryResource, PoolMemoryResource, SharedResource, Stream, StreamRef,
 };
-use rand::rngs::SmallRng;
-use rand::{RngExt, SeedableRng};
+use common::rng::{seeded, RngExt};
 
 fn soak_duration(default_secs: u64) -> Duration {
     let secs = std::env::var("CARVE_SOAK_SECS")
@@ -108,7 +107,7 @@ struct Soak<'a> {
 impl Soak<'_> {
     fn worker(&self, seed: u64, stream: StreamRef<'_>) {
         (self.bind)();
-        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut rng = seeded(seed);
         let mut mine: Vec<Live> = Vec::new();
         let mut tag_seed = seed as u8;
         while Instant::now() < self.deadline {

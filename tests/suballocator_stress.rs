@@ -17,8 +17,7 @@ use carve::{
     ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, FixedSizeMemoryResource,
     HostMemoryResource, MemoryResource, PoolMemoryResource,
 };
-use rand::rngs::SmallRng;
-use rand::{RngExt, SeedableRng};
+use common::rng::{seeded, RngExt};
 
 const THREADS: usize = 16;
 const STEPS: usize = 3000;
@@ -36,7 +35,7 @@ fn hammer_with<M: MemoryResource>(mr: &M, max_bytes: usize, tolerate_oom: bool) 
             let handoff = &handoff;
             scope.spawn(move || {
                 let s = common::stream(t);
-                let mut rng = SmallRng::seed_from_u64(t as u64);
+                let mut rng = seeded(t as u64);
                 let mut live: Vec<(usize, usize, u8)> = Vec::new();
                 let check_free = |(a, n, tag): (usize, usize, u8)| {
                     // SAFETY: a live block of `mr`, `n` host bytes, owned by this thread now.

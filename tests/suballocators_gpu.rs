@@ -15,9 +15,8 @@ use carve::{
     FixedSizeMemoryResource, MemoryResource, PoolMemoryResource, Stream, StreamRef,
 };
 use carve_lab::DeviceTestKernels;
+use common::rng::{seeded, RngExt};
 use common::Model;
-use rand::rngs::SmallRng;
-use rand::{RngExt, SeedableRng};
 
 /// Random ops on `streams`, then the device pattern check on what is live, then frees.
 fn suite(
@@ -28,7 +27,7 @@ fn suite(
     check: &dyn Fn() -> Result<(), String>,
     in_use: &dyn Fn() -> usize,
 ) {
-    let mut rng = SmallRng::seed_from_u64(42);
+    let mut rng = seeded(42);
     let mut model = Model::default();
     let refs: Vec<StreamRef<'_>> = streams.iter().map(Stream::as_ref).collect();
     for round in 0..3 {

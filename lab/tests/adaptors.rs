@@ -1,5 +1,8 @@
 //! Each adaptor's behaviour over host memory (no GPU needed).
 
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
 use std::io::{self, Write};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,61 +17,9 @@ use carve::{
     StreamRef,
 };
 use carve_lab::replay::parse_log;
+use common::{ScriptedUpstream, SharedBuf};
 
 const S: StreamRef<'static> = StreamRef::DEFAULT;
-
-/// Host memory that counts the calls that reach it.
-#[derive(Clone, Debug, Default)]
-struct Counting {
-    host: HostMemoryResource,
-    allocs: Arc<AtomicUsize>,
-    frees: Arc<AtomicUsize>,
-}
-
-// SAFETY: delegates to the host resource.
-unsafe impl MemoryResource for Counting {
-    fn allocate(&self, s: StreamRef<'_>, bytes: usize, align: usize) -> carve::Result<NonNull<u8>> {
-        self.allocs.fetch_add(1, Ordering::SeqCst);
-        self.host.allocate(s, bytes, align)
-    }
-    unsafe fn deallocate(
-        &self,
-        s: StreamRef<'_>,
-        p: NonNull<u8>,
-        bytes: usize,
-        align: usize,
-    ) -> carve::Result<()> {
-        self.frees.fetch_add(1, Ordering::SeqCst);
-        // SAFETY: forwarded caller contract.
-        unsafe { self.host.deallocate(s, p, bytes, align) }
-    }
-    fn properties(&self) -> Properties {
-        Properties::HOST
-    }
-    fn device(&self) -> Option<carve::Device> {
-        None
-    }
-}
-
-/// A writer shared with the test, to read the log back.
-#[derive(Clone, Default)]
-struct SharedBuf(Arc<Mutex<Vec<u8>>>);
-
-impl Write for SharedBuf {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl SharedBuf {
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
-}
 
 // ---------------------------------------------------------------- limiting
 
@@ -279,7 +230,7 @@ fn statistics_do_not_count_failures() {
 
 #[test]
 fn tracking_catches_double_frees_and_foreign_pointers_without_the_upstream() {
-    let up = Counting::default();
+    let up = ScriptedUpstream::new();
     let mr = TrackingResourceAdaptor::new(up.clone(), false);
     let p = mr.allocate(S, 64, 8).unwrap();
     let q = mr.allocate(S, 128, 8).unwrap();
@@ -288,7 +239,7 @@ fn tracking_catches_double_frees_and_foreign_pointers_without_the_upstream() {
     // SAFETY: one correct free, then bad frees that must be refused before the upstream.
     unsafe {
         mr.deallocate(S, p, 64, 8).unwrap();
-        assert_eq!(up.frees.load(Ordering::SeqCst), 1);
+        assert_eq!(up.frees(), 1);
         assert!(matches!(
             mr.deallocate(S, p, 64, 8),
             Err(Error::DoubleFree { ptr, .. }) if ptr == p.as_ptr() as usize
@@ -307,11 +258,7 @@ fn tracking_catches_double_frees_and_foreign_pointers_without_the_upstream() {
             })
         ));
     }
-    assert_eq!(
-        up.frees.load(Ordering::SeqCst),
-        1,
-        "bad frees reached the upstream"
-    );
+    assert_eq!(up.frees(), 1, "bad frees reached the upstream");
     assert_eq!(
         mr.allocation_count(),
         1,
@@ -334,7 +281,7 @@ fn tracking_catches_double_frees_and_foreign_pointers_without_the_upstream() {
 
 #[test]
 fn tracking_lets_exactly_one_of_racing_frees_through() {
-    let up = Counting::default();
+    let up = ScriptedUpstream::new();
     let mr = TrackingResourceAdaptor::new(up.clone(), false);
     for round in 0..50 {
         let p = mr.allocate(S, 256, 8).unwrap();
@@ -359,7 +306,7 @@ fn tracking_lets_exactly_one_of_racing_frees_through() {
         });
         assert_eq!(wins.load(Ordering::SeqCst), 1, "round {round}");
     }
-    assert_eq!(up.frees.load(Ordering::SeqCst), 50);
+    assert_eq!(up.frees(), 50);
     assert_eq!(up.host.allocation_count(), 0);
 }
 

@@ -1,96 +1,24 @@
-//! `carve replay` on host and simulated memory (no GPU needed).
+//! `carve replay` on host and simulated memory (no GPU needed): logs replayed (`logs`), and the
+//! committed traces' peaks on every resource (`traces`).
 
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+#[path = "../../tests/common/mod.rs"]
+mod common;
+#[path = "replay/support.rs"]
+mod support;
+#[path = "replay/traces.rs"]
+mod traces;
+
 use std::process::Command;
-use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use carve::adaptor::{LoggingResourceAdaptor, StatisticsResourceAdaptor};
-use carve::{Error, HostMemoryResource, MemoryResource, Properties, StreamId, StreamRef};
-use carve_lab::replay::cli::{replay_file, ReplayArgs};
+use carve::{Error, HostMemoryResource, StreamRef};
+use carve_lab::replay::cli::replay_file;
 use carve_lab::replay::{
-    build_target, parse_log, plan, replay, LargeUpstream, ReplayReport, ResourceKind,
-    ResourceOptions, Target,
+    build_target, parse_log, plan, replay, ResourceKind, ResourceOptions, Target,
 };
-
-const GIB: usize = 1 << 30;
-
-#[derive(Clone, Default)]
-struct SharedBuf(Arc<Mutex<Vec<u8>>>);
-
-impl Write for SharedBuf {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-fn args(log: &Path, kind: ResourceKind) -> ReplayArgs {
-    ReplayArgs {
-        log: log.to_owned(),
-        format: Default::default(),
-        resource: vec![kind],
-        device: 0,
-        initial_size: None,
-        maximum_size: None,
-        block_size: None,
-        headroom: None,
-        mark_every_free: false,
-        large_upstream: LargeUpstream::Pool,
-        simulate_capacity: None,
-        passes: 1,
-        no_progress: true,
-        snapshot: None,
-        plot: None,
-    }
-}
-
-fn write_log(dir: &Path, name: &str, rows: &[String]) -> PathBuf {
-    let path = dir.join(name);
-    let mut text = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
-    for r in rows {
-        text.push_str(r);
-        text.push('\n');
-    }
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-fn row(thread: u64, action: &str, ptr: u64, bytes: usize, stream: &str) -> String {
-    format!("{thread},12:00:00.000000,{action},{ptr:#x},{bytes},{stream}")
-}
-
-/// A deterministic pseudo-random workload: `steps` steps of allocate (60 %) or free a live block.
-fn workload(mr: &dyn MemoryResource, seed: u64, steps: usize, streams: &[StreamRef<'_>]) {
-    let mut x = seed | 1;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let mut live: Vec<(NonNull<u8>, usize, StreamRef<'_>)> = Vec::new();
-    for _ in 0..steps {
-        let r = next();
-        if r % 10 < 6 || live.is_empty() {
-            let bytes = 1 + (r >> 8) as usize % 100_000;
-            let s = streams[(r >> 40) as usize % streams.len()];
-            live.push((mr.allocate(s, bytes, 256).unwrap(), bytes, s));
-        } else {
-            let (p, bytes, s) = live.swap_remove((r >> 20) as usize % live.len());
-            // SAFETY: from `mr` with these arguments, freed once.
-            unsafe { mr.deallocate(s, p, bytes, 256) }.unwrap();
-        }
-    }
-    for (p, bytes, s) in live {
-        // SAFETY: as above.
-        unsafe { mr.deallocate(s, p, bytes, 256) }.unwrap();
-    }
-}
+use common::{ScriptedUpstream, SharedBuf};
+use support::{args, row, workload, write_log, GIB};
 
 #[test]
 fn logging_then_replay_reproduces_the_peak_single_thread() {
@@ -106,7 +34,7 @@ fn logging_then_replay_reproduces_the_peak_single_thread() {
     logged.flush().unwrap();
     let original_peak = stats.bytes_counter().peak as usize;
 
-    let text = buf.0.lock().unwrap().clone();
+    let text = buf.bytes();
     let plan = plan(&parse_log(&text[..]).unwrap()).unwrap();
     assert_eq!(plan.logged_peak, original_peak);
     assert_eq!(plan.streams.len(), 2);
@@ -137,7 +65,7 @@ fn logging_then_replay_from_four_threads() {
         }
     });
     logged.flush().unwrap();
-    let text = buf.0.lock().unwrap().clone();
+    let text = buf.bytes();
     let plan = plan(&parse_log(&text[..]).unwrap()).unwrap();
     assert_eq!(plan.threads.len(), 4);
     let target = build_target(&ResourceOptions::new(ResourceKind::Host), &plan.streams).unwrap();
@@ -153,40 +81,6 @@ fn logging_then_replay_from_four_threads() {
     );
     assert_eq!(report.threads, 4);
     assert_eq!(report.streams, 5);
-}
-
-/// Records (OS thread, bytes, stream) of every allocation, over host memory.
-#[derive(Debug, Default)]
-struct Recorder {
-    host: HostMemoryResource,
-    seen: Mutex<Vec<(std::thread::ThreadId, usize, StreamId)>>,
-}
-
-// SAFETY: delegates to the host resource.
-unsafe impl MemoryResource for Recorder {
-    fn allocate(&self, s: StreamRef<'_>, bytes: usize, align: usize) -> carve::Result<NonNull<u8>> {
-        self.seen
-            .lock()
-            .unwrap()
-            .push((std::thread::current().id(), bytes, s.id()));
-        self.host.allocate(s, bytes, align)
-    }
-    unsafe fn deallocate(
-        &self,
-        s: StreamRef<'_>,
-        p: NonNull<u8>,
-        bytes: usize,
-        align: usize,
-    ) -> carve::Result<()> {
-        // SAFETY: forwarded caller contract.
-        unsafe { self.host.deallocate(s, p, bytes, align) }
-    }
-    fn properties(&self) -> Properties {
-        Properties::HOST
-    }
-    fn device(&self) -> Option<carve::Device> {
-        None
-    }
 }
 
 #[test]
@@ -209,7 +103,7 @@ fn replay_follows_the_global_order_with_one_os_thread_per_logged_thread() {
         rows.join("\n")
     );
     let plan = plan(&parse_log(text.as_bytes()).unwrap()).unwrap();
-    let rec = Arc::new(Recorder::default());
+    let rec = Arc::new(ScriptedUpstream::new());
     let streams = vec![
         StreamRef::DEFAULT,
         StreamRef::simulated(1),
@@ -224,20 +118,20 @@ fn replay_follows_the_global_order_with_one_os_thread_per_logged_thread() {
         0,
         "unfreed blocks are freed at the end"
     );
-    let seen = rec.seen.lock().unwrap();
-    let sizes: Vec<usize> = seen.iter().map(|s| s.1).collect();
+    let seen = rec.calls.lock().unwrap();
+    let sizes: Vec<usize> = seen.iter().map(|r| r.bytes).collect();
     assert_eq!(sizes, (1..=300).collect::<Vec<_>>());
-    for (i, (_, _, s)) in seen.iter().enumerate() {
-        assert_eq!(*s, streams[i % 3].id());
+    for (i, r) in seen.iter().enumerate() {
+        assert_eq!(r.stream, streams[i % 3].id());
     }
     // Each logged thread ran on one OS thread of its own.
     let mut by_logged: std::collections::HashMap<u64, std::collections::HashSet<_>> =
         Default::default();
-    for (i, (tid, _, _)) in seen.iter().enumerate() {
+    for (i, r) in seen.iter().enumerate() {
         by_logged
             .entry([11, 22, 33][i * 7 % 3])
             .or_default()
-            .insert(*tid);
+            .insert(r.thread);
     }
     assert!(by_logged.values().all(|set| set.len() == 1));
     let os: std::collections::HashSet<_> = by_logged.values().flatten().collect();
@@ -500,172 +394,4 @@ fn expandable_serves_a_request_larger_than_any_hole() {
         report.to_string().contains("largest free hole 0 bytes"),
         "{report}"
     );
-}
-
-/// Replays the committed trace `name` on each of `kinds` over `capacity` bytes of simulated
-/// memory: each succeeds and reserves at least the logical peak, the expandable pool at most
-/// 5 % more.
-fn peaks_reserved_on(name: &str, kinds: &[ResourceKind], capacity: usize) {
-    let log = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data")
-        .join(name);
-    for &kind in kinds {
-        let mut a = args(&log, kind);
-        a.simulate_capacity = Some(capacity);
-        let report = replay_file(&a).unwrap();
-        assert!(report.succeeded(), "{kind}: {report}");
-        assert_eq!(report.peak_bytes, report.logged_peak_bytes, "{kind}");
-        let reserved = report.peak_reserved.expect("every resource can tell");
-        assert!(reserved >= report.peak_bytes, "{kind}: {report}");
-        if kind == ResourceKind::Expandable {
-            assert!(
-                reserved as f64 <= 1.05 * report.peak_bytes as f64,
-                "{kind}: {report}"
-            );
-        }
-    }
-}
-
-/// Every resource replays the committed synthetic transformer trace over simulated memory and
-/// reports a peak reserved of at least the logical peak; the expandable pool stays within 5 %.
-#[test]
-fn every_resource_reports_its_peak_reserved_on_the_synthetic_trace() {
-    let kinds = [
-        ResourceKind::Cuda,
-        ResourceKind::Pool,
-        ResourceKind::Arena,
-        ResourceKind::Binning,
-        ResourceKind::Virtual,
-        ResourceKind::Expandable,
-    ];
-    peaks_reserved_on("synthetic_transformer.csv", &kinds, 16 * GIB);
-}
-
-/// The committed PyTorch trace (a GPT training run with a side stream): the expandable pool's
-/// first pass reserves within 5 % of the logical peak, as issue 12 asks (1.03× today), and the
-/// suballocators at least the logical peak.
-#[test]
-fn expandable_pool_stays_within_5_percent_on_the_pytorch_trace() {
-    let kinds = [
-        ResourceKind::Pool,
-        ResourceKind::Arena,
-        ResourceKind::Binning,
-        ResourceKind::Expandable,
-    ];
-    peaks_reserved_on("torch_gpt_small.csv", &kinds, 80 * GIB);
-}
-
-/// The count printed just before `what` in a replay's resource notes.
-fn note_count(report: &ReplayReport, what: &str) -> u64 {
-    let notes = report
-        .resource_notes
-        .as_deref()
-        .expect("the resource notes its calls");
-    let at = notes
-        .find(what)
-        .unwrap_or_else(|| panic!("no {what:?} in {notes}"));
-    let count = notes[..at].rsplit(' ').next().unwrap();
-    count
-        .parse()
-        .unwrap_or_else(|_| panic!("{count:?} in {notes}"))
-}
-
-/// The count of driver calls of `kind` (`create`, `unmap`, ...) in an expandable replay's notes.
-fn driver_calls(report: &ReplayReport, kind: &str) -> u64 {
-    note_count(report, &format!(" {kind} ("))
-}
-
-/// Ten passes of the committed PyTorch trace, as ten training steps: the expandable pool stays
-/// within 5 % of the logical peak, and after the second pass no page moves (each move waits for
-/// the device, then unmaps and maps) and none is created.
-#[test]
-fn expandable_pool_settles_on_the_pytorch_trace() {
-    let log = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/torch_gpt_small.csv");
-    let mut a = args(&log, ResourceKind::Expandable);
-    a.simulate_capacity = Some(80 * GIB);
-    a.passes = 2;
-    let two = replay_file(&a).unwrap();
-    a.passes = 10;
-    let ten = replay_file(&a).unwrap();
-    assert!(ten.succeeded(), "{ten}");
-    let reserved = ten.peak_reserved.unwrap() as f64;
-    assert!(reserved <= 1.05 * ten.peak_bytes as f64, "{ten}");
-    assert_eq!(
-        driver_calls(&ten, "unmap"),
-        driver_calls(&two, "unmap"),
-        "pages moved after the second pass: {ten}"
-    );
-    assert_eq!(driver_calls(&ten, "create"), driver_calls(&two, "create"));
-    let notes = ten.resource_notes.as_deref().unwrap();
-    assert!(notes.starts_with("headroom 0.05;"), "{notes}");
-
-    // `--headroom 0` moves free pages whenever one exists, as before the headroom.
-    a.headroom = Some(0.0);
-    let ten = replay_file(&a).unwrap();
-    assert!(driver_calls(&ten, "unmap") > 0, "{ten}");
-    assert!(ten
-        .resource_notes
-        .as_deref()
-        .unwrap()
-        .starts_with("headroom 0;"));
-}
-
-/// `--mark-every-free` on the committed PyTorch trace (a main and a side stream): streams take
-/// each other's freed blocks once the (simulated, idle) device is past them, so the expandable
-/// pool reserves less and synchronises the device less than by default (1.01× against 1.04×,
-/// 1 synchronisation against 5, when written).
-#[test]
-fn marking_every_free_lowers_the_peak_across_streams() {
-    let log = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/torch_gpt_small.csv");
-    let mut a = args(&log, ResourceKind::Expandable);
-    a.simulate_capacity = Some(80 * GIB);
-    a.passes = 2;
-    let plain = replay_file(&a).unwrap();
-    a.mark_every_free = true;
-    let marked = replay_file(&a).unwrap();
-    assert!(marked.succeeded(), "{marked}");
-    assert_eq!(marked.peak_bytes, plain.peak_bytes);
-    assert!(
-        marked.peak_reserved.unwrap() < plain.peak_reserved.unwrap(),
-        "{marked}\n{plain}"
-    );
-    let syncs = |r: &ReplayReport| note_count(r, " of the device");
-    assert!(syncs(&marked) < syncs(&plain), "{marked}\n{plain}");
-    // The notes count the marks that bought it: about one per free while streams share.
-    let marks = |r: &ReplayReport| note_count(r, " marks and ");
-    assert!(
-        marks(&marked) > 100 * marks(&plain).max(1),
-        "{marked}\n{plain}"
-    );
-}
-
-/// `--passes`: later passes of a log over the same resource find what the first reserved; the
-/// pool and the arena reserve no more on the synthetic trace. (Binning and the expandable pool
-/// do: 1.16× to 1.37× and 1.02× to 1.06× of the logical peak by the fourth pass, as the blocks
-/// of the first pass leave the memory laid out differently; BENCHMARKS.md has the figures.)
-/// The report gives the later passes' time apart from the first pass's.
-#[test]
-fn later_passes_reuse_what_the_first_pass_reserved() {
-    let log = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/synthetic_transformer.csv");
-    for kind in [ResourceKind::Pool, ResourceKind::Arena] {
-        let mut a = args(&log, kind);
-        a.simulate_capacity = Some(16 * GIB);
-        let once = replay_file(&a).unwrap();
-        a.passes = 3;
-        let thrice = replay_file(&a).unwrap();
-        assert!(thrice.succeeded(), "{kind}: {thrice}");
-        assert_eq!(thrice.later_passes.len(), 2, "{kind}");
-        assert!(thrice.later_per_op().unwrap() > 0.0);
-        assert_eq!(thrice.peak_bytes, once.peak_bytes, "{kind}");
-        assert_eq!(
-            thrice.peak_reserved, once.peak_reserved,
-            "{kind}: the first pass reserved what the log needs"
-        );
-        let text = thrice.to_string();
-        assert!(
-            text.contains("later passes 2 more on the same resource"),
-            "{text}"
-        );
-        assert!(!once.to_string().contains("later passes"), "{once}");
-    }
 }

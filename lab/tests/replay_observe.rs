@@ -1,11 +1,12 @@
 //! `carve replay` reading PyTorch snapshots (`--format torch`), writing them (`--snapshot`), and
 //! plotting several resources (`--plot`), on host and simulated memory (no GPU needed).
 
-use std::io::{self, Write};
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
 
 use carve::adaptor::{LoggingResourceAdaptor, StatisticsResourceAdaptor, TrackingResourceAdaptor};
 use carve::snapshot::Snapshot;
@@ -13,19 +14,8 @@ use carve::{HostMemoryResource, MemoryResource, StreamRef};
 use carve_lab::replay::cli::{replay_all, ReplayArgs};
 use carve_lab::replay::{LargeUpstream, ResourceKind};
 use carve_lab::snapshot::ReadSnapshot;
-
-#[derive(Clone, Default)]
-struct SharedBuf(Arc<Mutex<Vec<u8>>>);
-
-impl Write for SharedBuf {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
+use common::rng::{seeded, RngExt};
+use common::SharedBuf;
 
 fn args(log: &Path, kinds: &[ResourceKind]) -> ReplayArgs {
     ReplayArgs {
@@ -49,13 +39,11 @@ fn args(log: &Path, kinds: &[ResourceKind]) -> ReplayArgs {
 
 /// Allocates and frees pseudo-randomly through `mr`, leaving `keep` blocks live at the end.
 fn workload(mr: &dyn MemoryResource, steps: usize, keep: usize) -> Vec<(NonNull<u8>, usize)> {
-    let mut x = 0x5eed_u64;
+    let mut rng = seeded(0x5eed_u64);
     let mut live: Vec<(NonNull<u8>, usize)> = Vec::new();
     let s = [StreamRef::DEFAULT, StreamRef::simulated(3)];
     for _ in 0..steps {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x: u64 = rng.random();
         if x % 10 < 6 || live.is_empty() {
             let bytes = 512 * (1 + (x >> 8) as usize % 400);
             live.push((
@@ -87,7 +75,7 @@ fn both_logs(dir: &Path) -> (PathBuf, PathBuf, usize) {
     assert!(left.is_empty());
     logged.flush().unwrap();
     let csv = dir.join("log.csv");
-    std::fs::write(&csv, buf.0.lock().unwrap().as_slice()).unwrap();
+    std::fs::write(&csv, buf.bytes()).unwrap();
     let torch = dir.join("snapshot.pickle");
     tracked.snapshot(0).unwrap().write(&torch).unwrap();
     (csv, torch, stats.bytes_counter().peak as usize)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use carve::{MemoryResource, MemoryStats};
 
-use super::{note, Env, Subject, Usage};
+use super::subject::{note, Env, Subject, Usage};
 
 /// What the trait says, through a trait object and through the `Arc` forwarding; both must
 /// agree.

@@ -7,29 +7,6 @@ use std::ptr::NonNull;
 use carve::resource::OrderEvent;
 use carve::{StreamId, StreamRef};
 
-/// A small deterministic generator (xorshift64*), so runs repeat.
-pub struct Rng(u64);
-
-impl Rng {
-    /// Seeded; any seed but zero works (zero is replaced).
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.max(1))
-    }
-
-    /// The next value.
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform-ish in `lo..=hi`.
-    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo + 1) as u64) as usize
-    }
-}
-
 /// One live block.
 #[derive(Clone, Copy, Debug)]
 pub struct Block {

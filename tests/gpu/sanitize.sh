@@ -9,7 +9,7 @@
 #   SANITIZE_TIMEOUT=SECS stops each binary-and-tool run after SECS (reported as rc=124).
 #
 # Default binaries: device_heap_gpu, divergent_warps_gpu, kernel_alloc_gpu, general_heap_gpu,
-# heap_growth_gpu, suballocators_gpu, foreign_heap, interop_cuda_cpp.
+# heap_growth_gpu, suballocators_gpu, foreign_heap, interop_cuda_cpp_gpu.
 # Summaries belong in RELIABILITY.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -26,7 +26,7 @@ command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer not found";
 [ -d "$bin" ] || { echo "no $bin: run ../shared/tools/gpu-stage first"; exit 2; }
 
 filters=("$@")
-[ ${#filters[@]} -gt 0 ] || filters=(device_heap_gpu divergent_warps_gpu kernel_alloc_gpu general_heap_gpu heap_growth_gpu suballocators_gpu foreign_heap interop_cuda_cpp)
+[ ${#filters[@]} -gt 0 ] || filters=(device_heap_gpu divergent_warps_gpu kernel_alloc_gpu general_heap_gpu heap_growth_gpu suballocators_gpu foreign_heap interop_cuda_cpp_gpu)
 export CARVE_REQUIRE_GPU=1 RUST_BACKTRACE=1
 compute-sanitizer --version | head -n 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

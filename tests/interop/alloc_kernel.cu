@@ -1,5 +1,5 @@
 // CUDA C++ kernels that allocate from a carve device heap created by Rust host code.
-// tests/interop_cuda_cpp.rs compiles this with `nvcc -rdc=true -ptx`, JIT-links it with carve's
+// tests/interop_cuda_cpp_gpu.rs compiles this with `nvcc -rdc=true -ptx`, JIT-links it with carve's
 // PTX, and launches it. Each thread owns at most one block: it allocates and fills it in one
 // launch; a second launch checks the pattern and frees (slab) or only checks (bump).
 #include "carve_heap.h"

@@ -10,9 +10,8 @@ use carve::adaptor::{
     LoggingResourceAdaptor, PrefetchResourceAdaptor, StatisticsResourceAdaptor,
     TrackingResourceAdaptor,
 };
-use carve::cudarc::driver::{result, sys};
 use carve::{
-    require_gpu, CudaMemoryResource, Device, Error, MemoryResource, Properties, StreamRef,
+    require_gpu, CudaMemoryResource, Error, ManagedMemoryResource, MemoryResource, StreamRef,
 };
 use carve_lab::DeviceTestKernels;
 
@@ -133,45 +132,11 @@ fn logging_records_real_streams() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// cuMemAllocManaged, for the prefetch test (the project's managed resource lives elsewhere).
-#[derive(Debug)]
-struct Managed(Device);
-
-// SAFETY: the driver returns distinct, live, 256-byte-aligned managed blocks.
-unsafe impl MemoryResource for Managed {
-    fn allocate(&self, _: StreamRef<'_>, bytes: usize, _: usize) -> carve::Result<NonNull<u8>> {
-        self.0.bind()?;
-        // SAFETY: a context is current.
-        let p =
-            unsafe { result::malloc_managed(bytes, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
-                .map_err(|e| Error::Unsupported(format!("cuMemAllocManaged: {e:?}")))?;
-        NonNull::new(p as *mut u8).ok_or(Error::Unsupported("null".into()))
-    }
-    unsafe fn deallocate(
-        &self,
-        _: StreamRef<'_>,
-        p: NonNull<u8>,
-        _: usize,
-        _: usize,
-    ) -> carve::Result<()> {
-        self.0.bind()?;
-        // SAFETY: from `allocate` above.
-        unsafe { result::free_sync(p.as_ptr() as sys::CUdeviceptr) }
-            .map_err(|e| Error::Unsupported(format!("cuMemFree: {e:?}")))
-    }
-    fn properties(&self) -> Properties {
-        Properties::BOTH
-    }
-    fn device(&self) -> Option<Device> {
-        Some(self.0.clone())
-    }
-}
-
 #[test]
 fn prefetch_moves_managed_memory_and_refuses_device_memory() {
     let dev = require_gpu!();
     let s = dev.new_stream().unwrap();
-    let mr = PrefetchResourceAdaptor::new(Managed(dev.clone()), &dev);
+    let mr = PrefetchResourceAdaptor::new(ManagedMemoryResource::new(&dev).unwrap(), &dev);
     let p = mr.allocate(s.as_ref(), 1 << 20, 256).unwrap();
     let k = dev.test_kernels().unwrap();
     // SAFETY: 1 MiB of managed memory holds 2^18 u32s.
