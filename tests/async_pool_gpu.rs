@@ -1,9 +1,12 @@
 //! The driver-pool resource: counters, trimming, the hard limit, wrapping and sharing pools.
 
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use carve::resource::PoolAccess;
-use carve::{AsyncMemoryResource, AsyncPoolOptions, Device, DeviceBuffer, Error, MemoryResource};
+use carve::{
+    AsyncMemoryResource, AsyncPoolOptions, Device, DeviceBuffer, Error, MemoryResource, StreamRef,
+};
 use carve_kernels::smoke::pattern;
 use carve_lab::DeviceTestKernels;
 
@@ -180,6 +183,36 @@ fn access_ipc_and_bad_ordinals() {
     let ipc = AsyncMemoryResource::new(&dev, &AsyncPoolOptions::new().ipc_export(true)).unwrap();
     let fd = ipc.export_fd().unwrap();
     eprintln!("exported pool as fd {fd:?}");
+}
+
+#[test]
+fn foreign_double_and_mismatched_frees_are_refused() {
+    let dev = carve::require_gpu!();
+    let mr = AsyncMemoryResource::new(&dev, &AsyncPoolOptions::new()).unwrap();
+    let s = StreamRef::DEFAULT;
+    assert!(matches!(mr.allocate(s, 0, 256), Err(Error::ZeroSize)));
+    assert!(matches!(
+        mr.allocate(s, 64, 4096),
+        Err(Error::Unsupported(_))
+    ));
+    let p = mr.allocate(s, 4096, 256).unwrap();
+    let mut local = 0u8;
+    // SAFETY: deliberately bad frees, refused before the driver.
+    unsafe {
+        assert!(matches!(
+            mr.deallocate(s, NonNull::from(&mut local), 4096, 256),
+            Err(Error::UnknownPointer { .. })
+        ));
+        assert!(matches!(
+            mr.deallocate(s, p, 1, 256),
+            Err(Error::SizeMismatch { .. })
+        ));
+        mr.deallocate(s, p, 4096, 256).unwrap();
+        assert!(matches!(
+            mr.deallocate(s, p, 4096, 256),
+            Err(Error::UnknownPointer { .. })
+        ));
+    }
 }
 
 /// Threads on their own streams allocate, fill with a kernel, check and free, while a hard

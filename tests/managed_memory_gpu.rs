@@ -1,10 +1,12 @@
 //! Managed memory: kernels and the host share it; prefetch and advice show in the attributes.
 
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use carve::resource::{Advice, ManagedRange};
 use carve::{
-    CudaMemoryResource, Device, DeviceBuffer, Error, Location, ManagedBuffer, ManagedMemoryResource,
+    CudaMemoryResource, Device, DeviceBuffer, Error, Location, ManagedBuffer,
+    ManagedMemoryResource, MemoryResource, StreamRef,
 };
 use carve_kernels::smoke::pattern;
 use carve_lab::DeviceTestKernels;
@@ -162,4 +164,35 @@ fn non_managed_memory_and_bad_ordinals_are_typed_errors() {
         ManagedMemoryResource::on(count),
         Err(Error::InvalidDevice { .. })
     ));
+}
+
+#[test]
+fn foreign_double_and_mismatched_frees_are_refused() {
+    let dev = carve::require_gpu!();
+    let mr = ManagedMemoryResource::new(&dev).unwrap();
+    let s = StreamRef::DEFAULT;
+    assert!(matches!(mr.allocate(s, 0, 256), Err(Error::ZeroSize)));
+    assert!(matches!(
+        mr.allocate(s, 64, 3),
+        Err(Error::InvalidAlignment(3))
+    ));
+    let p = mr.allocate(s, 4096, 256).unwrap();
+    let mut local = 0u8;
+    // SAFETY: deliberately bad frees; the resource must refuse them before the driver.
+    unsafe {
+        assert!(matches!(
+            mr.deallocate(s, NonNull::from(&mut local), 4096, 256),
+            Err(Error::UnknownPointer { .. })
+        ));
+        assert!(matches!(
+            mr.deallocate(s, p, 100, 256),
+            Err(Error::SizeMismatch { .. })
+        ));
+        mr.deallocate(s, p, 4096, 256).unwrap();
+        assert!(matches!(
+            mr.deallocate(s, p, 4096, 256),
+            Err(Error::UnknownPointer { .. })
+        ));
+    }
+    assert_eq!(mr.allocation_count(), 0);
 }
