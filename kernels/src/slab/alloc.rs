@@ -136,7 +136,7 @@ impl<'a> Slab<'a> {
     /// - The run starts where the count of the hint's shard stood, not at `hint`. While a shard
     ///   fills (after a bulk free, or from new), groups then take consecutive runs and collide
     ///   only over blocks freed out of order; from hashed starts, a group's run meets earlier
-    ///   groups' runs more often as the shard fills (bench/mixed_fast_step_model.py).
+    ///   groups' runs more often as the shard fills (lab/bench/mixed_fast_step_model.py).
     /// - When the run leaves reserved blocks unclaimed, the leader claims them at once among the
     ///   clear bits of the run's first word, with one more `fetch_or` and no collective.
     ///

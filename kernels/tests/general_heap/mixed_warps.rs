@@ -1,0 +1,405 @@
+//! Warps whose lanes ask for several classes in one call: consecutive runs per class group,
+//! lost runs, exhausted classes, class chains and random frees among them.
+
+use super::*;
+
+/// Set bits in class `c`'s bitmap (blocks in use as the bitmap sees them).
+fn bitmap_ones(heap: &HostGeneral, c: usize) -> u64 {
+    let h = heap.class(c);
+    (0..h.nwords as usize)
+        // SAFETY: `words` holds `nwords` atomics inside the region.
+        .map(|i| unsafe { &*(h.words as *const AtomicU64).add(i) })
+        .map(|w| w.load(Ordering::Relaxed).count_ones() as u64)
+        .sum()
+}
+
+/// The block index of `p` in class `c`.
+fn index_in(heap: &HostGeneral, c: usize, p: u64) -> u64 {
+    let h = heap.class(c);
+    (p - h.data) / h.block_size
+}
+
+/// Mixed warps on a fresh heap: each class group takes the run where its shard's count stands,
+/// so the groups of successive calls line up run after run, and the sixth run of 11 crosses from
+/// one bitmap word into the next. Frees in the order blocks were handed out clear whole runs; a
+/// second free of everything is counted as double frees, block by block.
+#[test]
+fn mixed_warps_take_consecutive_runs_and_free_them_whole() {
+    // Lanes 0, 3, 6, ... ask 16 B (11 lanes), 1, 4, ... 256 B (11), 2, 5, ... 1 KiB (10).
+    const SIZES: [u64; 3] = [16, 256, 1024];
+    let heap = HostGeneral::new(1 << 18);
+    let classes: Vec<usize> = SIZES
+        .iter()
+        .map(|&b| class_of(b as u32).unwrap() as usize)
+        .collect();
+    let mut rounds = Vec::new();
+    for round in 0..7u32 {
+        let got = lockstep::run(32, round, |w| {
+            let bytes = SIZES[w.lane() as usize % 3];
+            let p = heap.malloc(w, bytes);
+            assert!(!p.is_null(), "lane {}", w.lane());
+            // SAFETY: the block is this lane's, at least `bytes` long.
+            unsafe { p.write_bytes(round as u8 ^ w.lane() as u8, bytes as usize) };
+            p as u64
+        });
+        for (l, &p) in got.iter().enumerate() {
+            heap.assert_block_of(p as *mut u8, SIZES[l % 3]);
+        }
+        rounds.push(got);
+    }
+    for (k, &c) in classes.iter().enumerate() {
+        let lanes = (k..32).step_by(3).count() as u64;
+        let first = index_in(&heap, c, rounds[0][k]);
+        for (round, got) in rounds.iter().enumerate() {
+            let idx: Vec<u64> = got
+                .iter()
+                .skip(k)
+                .step_by(3)
+                .map(|&p| index_in(&heap, c, p))
+                .collect();
+            let want: Vec<u64> = (0..lanes)
+                .map(|r| first + round as u64 * lanes + r)
+                .collect();
+            assert_eq!(
+                idx, want,
+                "class {c}, round {round}: one run, after the last"
+            );
+        }
+        assert_eq!(first % 64, 0, "a shard starts at a word");
+        assert_eq!(heap.class_stats(c).0, 7 * lanes);
+        assert_eq!(bitmap_ones(&heap, c), 7 * lanes);
+    }
+    // The 16 B group's run of round 5 covers blocks 55..66 of its shard: two words.
+    let c16 = index_in(&heap, classes[0], rounds[5][0]) % 64;
+    assert_eq!(c16, 55);
+    let mut all: Vec<(u64, u64)> = rounds
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, &p)| (p, SIZES[i % 32 % 3]))
+        .collect();
+    assert!(disjoint(&mut all), "overlap");
+    for (round, got) in rounds.iter().enumerate() {
+        for (l, &p) in got.iter().enumerate() {
+            // SAFETY: written above by this lane in this round; nobody else holds it.
+            let s = unsafe { std::slice::from_raw_parts(p as *const u8, SIZES[l % 3] as usize) };
+            assert!(s.iter().all(|&b| b == round as u8 ^ l as u8), "{round}/{l}");
+        }
+    }
+    // Free each round in the order it was handed out: each group clears its run whole.
+    for (round, got) in rounds.iter().enumerate() {
+        lockstep::run(32, round as u32, |w| {
+            heap.free(w, got[w.lane() as usize] as *mut u8)
+        });
+    }
+    for &c in &classes {
+        assert_eq!(heap.class_stats(c).0, 0, "class {c}");
+        assert_eq!(bitmap_ones(&heap, c), 0, "class {c}: bits left set");
+    }
+    // A round again, the crossing one: each block a double free, none taken from the counts.
+    lockstep::run(32, 0, |w| {
+        heap.free(w, rounds[5][w.lane() as usize] as *mut u8)
+    });
+    let doubles: u64 = classes.iter().map(|&c| heap.class_stats(c).4).sum();
+    assert_eq!(doubles, 32);
+    assert_eq!(heap.total_in_use(), 0);
+    assert_eq!(heap.header_counter(COUNTER_FOREIGN_FREES), 0);
+}
+
+/// Frees out of the order of handing out leave a shard's count pointing into blocks still in
+/// use: the group's run is lost there, and the leader's retry takes the freed blocks among the
+/// clear bits of the run's word, in the same step.
+#[test]
+fn a_group_whose_run_is_lost_takes_the_clear_bits_of_its_word() {
+    let heap = HostGeneral::new(1 << 18);
+    let size = |l: u32| if l < 12 { 48 } else { 1024 };
+    let c = class_of(48).unwrap() as usize;
+    let mut got = Vec::new();
+    for call in 0..5u32 {
+        got.push(lockstep::run(32, call, |w| {
+            heap.malloc(w, size(w.lane())) as u64
+        }));
+    }
+    let base = index_in(&heap, c, got[0][0]);
+    // Call 0's twelve blocks back: the count is 48, where call 4's run lies.
+    lockstep::run(32, 0, |w| {
+        let p = if w.lane() < 12 {
+            got[0][w.lane() as usize]
+        } else {
+            0
+        };
+        heap.free(w, p as *mut u8)
+    });
+    let again = lockstep::run(32, 5, |w| heap.malloc(w, size(w.lane())) as u64);
+    let mut idx: Vec<u64> = again[..12]
+        .iter()
+        .map(|&p| index_in(&heap, c, p) - base)
+        .collect();
+    idx.sort_unstable();
+    assert_eq!(
+        idx,
+        (0..12).collect::<Vec<u64>>(),
+        "the freed blocks, none other"
+    );
+    assert_eq!(heap.class_stats(c).0, 5 * 12);
+    assert_eq!(bitmap_ones(&heap, c), 5 * 12);
+    for ptrs in got[1..].iter().chain([&again]) {
+        lockstep::run(32, 0, |w| heap.free(w, ptrs[w.lane() as usize] as *mut u8));
+    }
+    lockstep::run(32, 0, |w| {
+        let p = if w.lane() < 12 {
+            0
+        } else {
+            got[0][w.lane() as usize]
+        };
+        heap.free(w, p as *mut u8)
+    });
+    assert_eq!(heap.total_in_use(), 0);
+    assert_eq!(bitmap_ones(&heap, c), 0);
+    assert_eq!(heap.total_double_frees(), 0);
+}
+
+/// One class of a mixed warp runs out while the others are served: it hands out exactly its
+/// capacity, counts exactly the requests it could not serve, and the other lanes never fail.
+#[test]
+fn a_class_that_runs_out_under_a_mixed_warp() {
+    let heap = HostGeneral::new(1 << 16);
+    let big = class_of(4096).unwrap() as usize;
+    let small = class_of(16).unwrap() as usize;
+    let cap = heap.class(big).capacity;
+    let calls = (cap / 16 + 2) as u32;
+    let mut served = 0u64;
+    let mut nulls = 0u64;
+    let mut kept = Vec::new();
+    for call in 0..calls {
+        let got = lockstep::run(32, call, |w| {
+            let bytes = if w.lane() % 2 == 0 { 4096 } else { 16 };
+            heap.malloc(w, bytes) as u64
+        });
+        for (l, &p) in got.iter().enumerate() {
+            match (l % 2 == 0, p) {
+                (true, 0) => nulls += 1,
+                (true, p) => {
+                    heap.assert_block_of(p as *mut u8, 4096);
+                    served += 1;
+                }
+                (false, p) => {
+                    assert_ne!(p, 0, "call {call}: a 16 B lane failed");
+                    heap.assert_block_of(p as *mut u8, 16);
+                }
+            }
+        }
+        kept.push(got);
+    }
+    assert_eq!(served, cap);
+    assert_eq!(nulls, 16 * calls as u64 - cap);
+    assert_eq!(heap.class_stats(big).0, cap);
+    assert_eq!(heap.class_stats(big).2, nulls);
+    assert_eq!(heap.class_stats(small).2, 0);
+    let mut live: Vec<u64> = kept.iter().flatten().copied().filter(|&p| p != 0).collect();
+    live.sort_unstable();
+    live.dedup();
+    assert_eq!(
+        live.len() as u64,
+        served + 16 * calls as u64,
+        "a block handed out twice"
+    );
+}
+
+/// A class whose head segment runs out under a mixed warp goes on down its chain (as a grown
+/// heap links it): the lanes the head left without a block take the next segment's, every block
+/// of both is handed out once, and only the chain's last segment counts failures.
+#[test]
+fn a_mixed_warp_goes_on_down_a_class_chain() {
+    let (head, tail) = (HostGeneral::new(1 << 16), HostGeneral::new(1 << 16));
+    let c = class_of(4096).unwrap() as usize;
+    // SAFETY: class `c`'s handle lies in `head`'s region, which nothing else reads now.
+    unsafe {
+        let h = head.base.add(head.plan.class_offset(c)) as *mut HeapHandle;
+        (*h).next = tail.class(c) as *const HeapHandle as u64;
+    }
+    let cap = head.class(c).capacity + tail.class(c).capacity;
+    let calls = (cap / 16 + 2) as u32;
+    let mut got_big: Vec<u64> = Vec::new();
+    for call in 0..calls {
+        let got = lockstep::run(32, call, |w| {
+            let bytes = if w.lane() % 2 == 0 { 4096 } else { 16 };
+            head.malloc(w, bytes) as u64
+        });
+        assert!(got.iter().skip(1).step_by(2).all(|&p| p != 0));
+        got_big.extend(got.iter().step_by(2).filter(|&&p| p != 0));
+    }
+    let in_seg = |g: &HostGeneral, p: u64| {
+        let h = g.class(c);
+        p >= h.data
+            && p < h.data + h.capacity * h.block_size
+            && (p - h.data).is_multiple_of(h.block_size)
+    };
+    assert!(got_big
+        .iter()
+        .all(|&p| in_seg(&head, p) || in_seg(&tail, p)));
+    let mut uniq = got_big.clone();
+    uniq.sort_unstable();
+    uniq.dedup();
+    assert_eq!((uniq.len() as u64, got_big.len() as u64), (cap, cap));
+    let failed = 16 * calls as u64 - cap;
+    assert_eq!(head.class_stats(c).2, 0, "the head counted failures");
+    assert_eq!(tail.class_stats(c).2, failed);
+    assert_eq!(head.class_stats(c).0 + tail.class_stats(c).0, cap);
+}
+
+/// A group's run is lost and its word holds fewer clear bits than it needs: the leader's retry
+/// takes nothing, and the lanes left without a block go out of line, to the next clear bits
+/// from the run on.
+#[test]
+fn a_group_whose_word_fills_goes_on_out_of_line() {
+    let heap = HostGeneral::new(1 << 18);
+    let size = |l: u32| {
+        if l < 12 {
+            48
+        } else {
+            16 + 16 * (l % 3) as u64 + 64
+        }
+    };
+    let c = class_of(48).unwrap() as usize;
+    // Eleven calls: blocks 0..132 of the shard, words 0 and 1 full.
+    let mut got = Vec::new();
+    for call in 0..11u32 {
+        got.push(lockstep::run(32, call, |w| {
+            let p = heap.malloc(w, size(w.lane()));
+            assert!(!p.is_null());
+            // SAFETY: the block is this lane's, at least its size long.
+            unsafe { p.write_bytes(call as u8 ^ (w.lane() as u8) << 3, size(w.lane()) as usize) };
+            p as u64
+        }));
+    }
+    let base = index_in(&heap, c, got[0][0]);
+    assert_eq!(base % 64, 0);
+    // Eight of call 0's blocks back: the count is 124, in word 1, which has no clear bit. The
+    // run 124..136 wins 132..136 only; the other eight lanes take 136..144 out of line.
+    lockstep::run(32, 0, |w| {
+        let p = if w.lane() < 8 {
+            got[0][w.lane() as usize]
+        } else {
+            0
+        };
+        heap.free(w, p as *mut u8)
+    });
+    let call = 11u32;
+    let last = lockstep::run(32, call, |w| {
+        let p = heap.malloc(w, size(w.lane()));
+        assert!(!p.is_null());
+        // SAFETY: as above.
+        unsafe { p.write_bytes(call as u8 ^ (w.lane() as u8) << 3, size(w.lane()) as usize) };
+        p as u64
+    });
+    let idx: Vec<u64> = last[..12]
+        .iter()
+        .map(|&p| index_in(&heap, c, p) - base)
+        .collect();
+    let mut sorted = idx.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (132..144).collect::<Vec<u64>>(), "{idx:?}");
+    assert_eq!(
+        &idx[8..],
+        [132, 133, 134, 135],
+        "ranks 8.. keep their run's blocks"
+    );
+    assert_eq!(heap.class_stats(c).0, 12 * 12 - 8);
+    assert_eq!(bitmap_ones(&heap, c), 12 * 12 - 8);
+    got[0][..8].fill(0);
+    got.push(last);
+    let mut all: Vec<(u64, u64)> = Vec::new();
+    for (call, ptrs) in got.iter().enumerate() {
+        for (l, &p) in ptrs.iter().enumerate().filter(|&(_, &p)| p != 0) {
+            let bytes = size(l as u32);
+            heap.assert_block_of(p as *mut u8, bytes);
+            // SAFETY: written above by this lane; nobody else holds it.
+            let s = unsafe { std::slice::from_raw_parts(p as *const u8, bytes as usize) };
+            assert!(s.iter().all(|&b| b == call as u8 ^ (l as u8) << 3));
+            all.push((p, bytes));
+        }
+    }
+    assert!(disjoint(&mut all), "overlap");
+    for (call, ptrs) in got.iter().enumerate() {
+        lockstep::run(32, call as u32, |w| {
+            heap.free(w, ptrs[w.lane() as usize] as *mut u8)
+        });
+    }
+    assert_eq!(heap.total_in_use(), 0);
+    assert_eq!(bitmap_ones(&heap, c), 0);
+    assert_eq!(heap.total_double_frees(), 0);
+}
+
+/// Mixed warps with frees in random order between calls, so that runs are lost, retried,
+/// cross words and go out of line in every mix: no block is handed out twice, contents stay
+/// intact, and the counts and bitmaps match the blocks live at every step.
+#[test]
+fn mixed_warps_among_random_frees_keep_every_block() {
+    const SIZES: [u64; 5] = [16, 48, 80, 256, 1024];
+    let heap = HostGeneral::new(1 << 18);
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    // (pointer, size, tag) of each live block.
+    let mut live: Vec<(u64, u64, u8)> = Vec::new();
+    for call in 0..48u32 {
+        let mix = next();
+        let sizes: Vec<u64> = (0..32)
+            .map(|l| SIZES[((mix >> (2 * l)) % 5) as usize])
+            .collect();
+        let got = lockstep::run(32, call, |w| {
+            let bytes = sizes[w.lane() as usize];
+            let p = heap.malloc(w, bytes);
+            assert!(!p.is_null(), "call {call}, lane {}", w.lane());
+            // SAFETY: the block is this lane's, at least `bytes` long.
+            unsafe { p.write_bytes(call as u8 ^ w.lane() as u8, bytes as usize) };
+            p as u64
+        });
+        live.extend(
+            got.iter()
+                .zip(&sizes)
+                .enumerate()
+                .map(|(l, (&p, &b))| (p, b, call as u8 ^ l as u8)),
+        );
+        // Free 16 to 32 blocks picked at random: some 8 more live after each call.
+        let n = 16 + (next() % 17) as usize;
+        let mut freed = Vec::new();
+        for _ in 0..n.min(live.len()) {
+            let i = (next() % live.len() as u64) as usize;
+            freed.push(live.swap_remove(i));
+        }
+        for &(p, b, tag) in &freed {
+            // SAFETY: a live block of `b` bytes written with `tag`; nobody else holds it.
+            let s = unsafe { std::slice::from_raw_parts(p as *const u8, b as usize) };
+            assert!(
+                s.iter().all(|&x| x == tag),
+                "call {call}: block {p:#x} overwritten"
+            );
+        }
+        lockstep::run(32, call, |w| {
+            let p = freed.get(w.lane() as usize).map_or(0, |f| f.0);
+            heap.free(w, p as *mut u8)
+        });
+        let mut sorted: Vec<(u64, u64)> = live.iter().map(|&(p, b, _)| (p, b)).collect();
+        assert!(disjoint(&mut sorted), "call {call}: overlap");
+        for &b in &SIZES {
+            let c = class_of(b as u32).unwrap() as usize;
+            let n = live.iter().filter(|l| l.1 == b).count() as u64;
+            assert_eq!(heap.class_stats(c).0, n, "call {call}, {b} B: count");
+            assert_eq!(bitmap_ones(&heap, c), n, "call {call}, {b} B: bitmap");
+        }
+    }
+    for chunk in live.chunks(32) {
+        lockstep::run(32, 0, |w| {
+            let p = chunk.get(w.lane() as usize).map_or(0, |f| f.0);
+            heap.free(w, p as *mut u8)
+        });
+    }
+    assert_eq!(heap.total_in_use(), 0);
+    assert_eq!(heap.total_double_frees(), 0);
+}
