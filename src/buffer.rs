@@ -13,10 +13,9 @@ use crate::error::{Error, Result};
 use crate::resource::{check_device, MemoryResource, SharedResource, DEFAULT_ALIGNMENT};
 
 mod foreign;
-mod release;
 
+use crate::resource::{release_in_drop, release_once};
 use foreign::ForeignUses;
-pub(crate) use release::{release_in_drop, release_once};
 
 /// Untyped device memory from a [`MemoryResource`], ordered on one stream.
 ///
@@ -381,5 +380,12 @@ impl<T: Pod> DevicePtrMut<T> for DeviceVec<T> {
         let ptr = self.as_ptr();
         let buf = &mut self.buf;
         (ptr, buf.foreign.write(buf.stream.cudarc(), stream))
+    }
+}
+
+impl crate::resource::ManagedRange {
+    /// The whole of a buffer, which must come from a managed resource.
+    pub fn of_buffer(buffer: &DeviceBuffer) -> Result<Self> {
+        Self::new(buffer.as_ptr(), buffer.len())
     }
 }

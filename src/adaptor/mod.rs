@@ -21,9 +21,10 @@ mod prefetch;
 mod statistics;
 mod tracking;
 
+pub use crate::resource::FaultPattern;
 pub use aligned::AlignedResourceAdaptor;
 pub use failure_callback::FailureCallbackResourceAdaptor;
-pub use fault_injection::{FaultInjectingResource, FaultOptions, FaultPattern, FaultStats};
+pub use fault_injection::{FaultInjectingResource, FaultOptions, FaultStats};
 pub use limiting::{LimitBudget, LimitingResourceAdaptor};
 pub use logging::{LogAction, LoggingResourceAdaptor, LOG_HEADER};
 pub use prefetch::PrefetchResourceAdaptor;

@@ -19,6 +19,8 @@ mod memory_stats;
 mod source;
 mod suballoc;
 
+pub use engine::fault_pattern::FaultPattern;
+pub(crate) use engine::release::{release_in_drop, release_once};
 pub use memory_resource::{
     align_up, check_request, MemoryResource, Properties, SharedResource, DEFAULT_ALIGNMENT,
 };

@@ -9,8 +9,8 @@ use std::ptr::NonNull;
 
 use bytemuck::Pod;
 
-use crate::buffer::{release_in_drop, release_once};
 use crate::error::{Error, Result};
+use crate::resource::engine::release::{release_in_drop, release_once};
 use crate::resource::memory_resource::MemoryResource;
 use crate::stream::StreamRef;
 

@@ -21,10 +21,10 @@ use cudarc::driver::sys::CUresult;
 use cudarc::driver::DriverError;
 
 use super::StreamOrder;
-use crate::adaptor::FaultPattern;
 use crate::driver::Device;
 use crate::error::{Error, Result};
 use crate::resource::memory_resource::{MemoryResource, Properties};
+use crate::resource::FaultPattern;
 use crate::stream::{StreamId, StreamRef};
 use crate::sync::lock;
 

@@ -9,9 +9,9 @@ use std::ptr::NonNull;
 use cudarc::driver::sys;
 
 use super::{AsyncMemoryResource, PoolHandle};
-use crate::buffer::{release_in_drop, release_once};
 use crate::driver::{mem, Device};
 use crate::error::{Error, Result};
+use crate::resource::engine::release::{release_in_drop, release_once};
 use crate::stream::StreamRef;
 
 /// The driver's opaque description of one pool block (`CUmemPoolPtrExportData`, 64 bytes),

@@ -10,7 +10,6 @@ use std::ffi::c_void;
 use cudarc::driver::sys;
 
 use super::super::location::{Location, CU_DEVICE_INVALID};
-use crate::buffer::DeviceBuffer;
 use crate::driver::{mem, Device, Stream};
 use crate::error::{DriverCode, Error, Result};
 use crate::stream::StreamRef;
@@ -73,11 +72,6 @@ impl ManagedRange {
             }
         }
         Ok(ManagedRange { ptr, len })
-    }
-
-    /// The whole of a buffer, which must come from a managed resource.
-    pub fn of_buffer(buffer: &DeviceBuffer) -> Result<Self> {
-        Self::new(buffer.as_ptr(), buffer.len())
     }
 
     /// Start address.

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use super::expandable::{ExpandableMemoryResource, ExpandableOptions};
 use super::*;
-use crate::adaptor::FaultPattern;
 use crate::resource::engine::stream_order::HostOrder;
+use crate::resource::FaultPattern;
 
 const PAGE: usize = 2 << 20;
 const A: StreamRef<'static> = StreamRef::simulated(1);

@@ -8,9 +8,9 @@ use cudarc::driver::sys::CUresult;
 use cudarc::driver::DriverError;
 
 use super::backing::{PhysicalBacking, PhysicalHandle};
-use crate::adaptor::FaultPattern;
 use crate::error::{Error, Result};
 use crate::resource::memory_resource::Properties;
+use crate::resource::FaultPattern;
 use crate::sync::lock;
 
 /// Where simulated reservations start: far from null and from [`SimulatedMemoryResource`]'s
