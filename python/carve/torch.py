@@ -246,12 +246,16 @@ def _checked_alloc_address() -> Optional[int]:
 
 
 def use(resource: Resource, device: Optional[int] = None) -> None:
-    """Makes ``resource`` the current carve resource of ``device`` (default: the current torch
-    device) and routes every PyTorch CUDA allocation to the current carve resources. The swap
-    happens once per process, before PyTorch allocates; later calls only change the resource."""
+    """Makes ``resource`` the current carve resource of ``device`` and routes every PyTorch CUDA
+    allocation to the current carve resources. The swap happens once per process, before
+    PyTorch allocates; later calls only change the resource.
+
+    ``device`` defaults to the device whose CUDA context is current on this thread (device 0
+    when none is), asked of the CUDA driver: ``torch.cuda.current_device()`` would initialise
+    PyTorch's CUDA state, and with it the allocator that the swap must replace."""
     global _global
     if device is None:
-        device = _torch.cuda.current_device()
+        device = _carve.current_device()
     set_current_resource(device, resource)
     if _global is None:
         fns = _carve.function_addresses()

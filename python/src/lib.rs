@@ -56,6 +56,15 @@ fn device_count(py: Python<'_>) -> PyResult<usize> {
     py.detach(carve::Device::count).map_err(|e| to_py(e.into()))
 }
 
+/// The ordinal of the device whose context is current on this thread, else 0, asked of the
+/// CUDA driver (`cuCtxGetDevice`): frameworks' own current-device queries may initialise their
+/// CUDA state, and PyTorch's initialises its allocator with it.
+#[pyfunction]
+fn current_device(py: Python<'_>) -> PyResult<usize> {
+    py.detach(|| carve::Device::current().map(|d| d.ordinal()))
+        .map_err(|e| to_py(e.into()))
+}
+
 /// True when a CUDA driver loads and reports a device.
 #[pyfunction]
 fn is_available(py: Python<'_>) -> bool {
@@ -179,6 +188,7 @@ fn _carve(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get_current_resource, m)?)?;
     m.add_function(wrap_pyfunction!(mem_info, m)?)?;
     m.add_function(wrap_pyfunction!(device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(current_device, m)?)?;
     m.add_function(wrap_pyfunction!(is_available, m)?)?;
     m.add_function(wrap_pyfunction!(ptx_path, m)?)?;
     m.add_function(wrap_pyfunction!(cache_dir, m)?)?;

@@ -95,3 +95,8 @@ def test_two_pools_use_two_resources():
 def test_use_swaps_the_global_allocator():
     out = run_script("torch_use.py")
     assert "torch use: ok" in out
+
+
+def test_use_without_a_device_first_thing_in_a_fresh_process():
+    out = run_script("torch_use_current_device.py")
+    assert "torch use on the current device: ok" in out

@@ -1,0 +1,78 @@
+"""carve.torch.use against a stand-in for torch that keeps torch's rule: looking up the current
+device through ``torch.cuda`` runs its lazy CUDA initialisation, which initialises the caching
+allocator, after which ``change_current_allocator`` raises. Runs without a GPU or torch."""
+
+import importlib
+import sys
+import types
+
+import pytest
+
+import carve
+
+
+class _Allocator:
+    def __init__(self, *args):
+        self.args = args
+
+    def allocator(self):
+        return self
+
+
+def _fake_torch(log):
+    """A module with the parts of torch that carve.torch.use touches."""
+    state = {"initialized": False}
+    torch = types.ModuleType("torch")
+    torch.__version__ = "0.0-fake"
+    cuda = types.ModuleType("torch.cuda")
+    memory = types.ModuleType("torch.cuda.memory")
+
+    def current_device():
+        # torch.cuda.current_device: _lazy_init() -> torch._C._cuda_init() ->
+        # CUDAHooks::init() -> CUDACachingAllocator::init(num_devices).
+        log.append("torch.cuda.current_device")
+        state["initialized"] = True
+        return 0
+
+    def change_current_allocator(alloc):
+        log.append("change_current_allocator")
+        if state["initialized"]:
+            raise RuntimeError("Can't swap an already initialized allocator")
+
+    cuda.current_device = current_device
+    cuda.memory = memory
+    memory.CUDAPluggableAllocator = _Allocator
+    memory._CUDAAllocator = _Allocator
+    memory.change_current_allocator = change_current_allocator
+    torch.cuda = cuda
+    torch._C = types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=True)
+    return torch
+
+
+@pytest.fixture
+def torch_use(monkeypatch):
+    """carve.torch imported against the stand-in; yields (module, call log)."""
+    log = []
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(log))
+    monkeypatch.delitem(sys.modules, "carve.torch", raising=False)
+    monkeypatch.delattr(carve, "torch", raising=False)
+    mod = importlib.import_module("carve.torch")
+    monkeypatch.setattr(mod, "_checked_alloc_address", lambda: None)
+    monkeypatch.setattr(mod, "set_current_resource", lambda d, r: log.append(("set", d)))
+    yield mod, log
+    sys.modules.pop("carve.torch", None)
+
+
+def test_use_without_a_device_swaps_before_torch_initialises_cuda(torch_use, monkeypatch):
+    mod, log = torch_use
+    monkeypatch.setattr(mod._carve, "current_device", lambda: 0, raising=False)
+    mod.use(object())
+    assert "torch.cuda.current_device" not in log, log
+    assert log == [("set", 0), "change_current_allocator"], log
+
+
+def test_use_takes_the_drivers_current_device(torch_use, monkeypatch):
+    mod, log = torch_use
+    monkeypatch.setattr(mod._carve, "current_device", lambda: 3, raising=False)
+    mod.use(object())
+    assert log[0] == ("set", 3), log
