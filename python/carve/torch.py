@@ -15,6 +15,13 @@ runs on autograd's worker threads by default, so its tensors would otherwise lan
 default pool, which then reserves segments of its own beside the carve-backed ones.
 :func:`mem_pool` gives the pool alone, for ``torch.cuda.use_mem_pool``.
 
+Megatron's unified-memory functions run on carve's managed resource, with Megatron's names
+and signatures: :func:`create_unified_mempool`, :func:`prefetch_managed_tensor`,
+:func:`advise_managed_tensor_preferred_location`, :func:`advise_managed_tensor_accessed_by`,
+:func:`prefetch_managed_module_parameters` and
+:func:`advise_managed_module_parameters_preferred_location` (device -1 is the CPU).
+:func:`managed_range_attributes` reports what the driver records for a tensor's range.
+
 :func:`use` replaces PyTorch's allocator for the whole process
 (``torch.cuda.memory.change_current_allocator``): every tensor is allocated and freed by the
 device's current carve resource. PyTorch's caching statistics are then empty. It must run
@@ -44,8 +51,32 @@ import torch as _torch
 
 from . import _carve, lib_path
 from ._resources import Resource, set_current_resource
+from ._torch_unified import (
+    UnifiedMemoryUnsupportedError,
+    advise_managed_module_parameters_preferred_location,
+    advise_managed_tensor_accessed_by,
+    advise_managed_tensor_preferred_location,
+    managed_range_attributes,
+    managed_resource,
+    prefetch_managed_module_parameters,
+    prefetch_managed_tensor,
+)
 
-__all__ = ["pool", "mem_pool", "use", "pluggable_allocator", "slot_of"]
+__all__ = [
+    "pool",
+    "mem_pool",
+    "use",
+    "pluggable_allocator",
+    "slot_of",
+    "create_unified_mempool",
+    "prefetch_managed_tensor",
+    "advise_managed_tensor_preferred_location",
+    "advise_managed_tensor_accessed_by",
+    "prefetch_managed_module_parameters",
+    "advise_managed_module_parameters_preferred_location",
+    "managed_range_attributes",
+    "UnifiedMemoryUnsupportedError",
+]
 
 # slot -> (resource, CUDAPluggableAllocator); kept alive for the life of the process because
 # PyTorch may call a pool's free function until it exits.
@@ -85,6 +116,14 @@ def mem_pool(resource: Resource, **kwargs: object) -> "_torch.cuda.MemPool":
     go to ``MemPool`` (e.g. ``use_on_oom``). Use it with ``torch.cuda.use_mem_pool(pool)``."""
     alloc = pluggable_allocator(resource)
     return _torch.cuda.MemPool(alloc.allocator(), **kwargs)  # type: ignore[attr-defined]
+
+
+def create_unified_mempool() -> "_torch.cuda.MemPool":
+    """A ``torch.cuda.MemPool`` whose segments are CUDA managed memory from carve's managed
+    resource (Megatron's ``create_unified_mempool``); its tensors take the prefetch and advice
+    functions of this module. Raises :class:`UnifiedMemoryUnsupportedError` where managed
+    memory is not available."""
+    return mem_pool(managed_resource())
 
 
 @contextmanager

@@ -8,6 +8,7 @@ mod buffer;
 mod cache;
 mod errors;
 mod heap;
+mod managed;
 mod resource;
 mod stream;
 
@@ -184,6 +185,7 @@ fn _carve(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<buffer::DeviceBuffer>()?;
     m.add_class::<heap::DeviceHeap>()?;
     resource::add_constructors(m)?;
+    managed::add(m)?;
     m.add_function(wrap_pyfunction!(set_current_resource, m)?)?;
     m.add_function(wrap_pyfunction!(get_current_resource, m)?)?;
     m.add_function(wrap_pyfunction!(mem_info, m)?)?;

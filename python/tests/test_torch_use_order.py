@@ -54,13 +54,17 @@ def torch_use(monkeypatch):
     """carve.torch imported against the stand-in; yields (module, call log)."""
     log = []
     monkeypatch.setitem(sys.modules, "torch", _fake_torch(log))
-    monkeypatch.delitem(sys.modules, "carve.torch", raising=False)
+    # Modules that import torch are imported afresh against the stand-in, and dropped after.
+    fresh = ("carve.torch", "carve._torch_unified")
+    for name in fresh:
+        monkeypatch.delitem(sys.modules, name, raising=False)
     monkeypatch.delattr(carve, "torch", raising=False)
     mod = importlib.import_module("carve.torch")
     monkeypatch.setattr(mod, "_checked_alloc_address", lambda: None)
     monkeypatch.setattr(mod, "set_current_resource", lambda d, r: log.append(("set", d)))
     yield mod, log
-    sys.modules.pop("carve.torch", None)
+    for name in fresh:
+        sys.modules.pop(name, None)
 
 
 def test_use_without_a_device_swaps_before_torch_initialises_cuda(torch_use, monkeypatch):

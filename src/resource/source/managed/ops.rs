@@ -92,8 +92,19 @@ impl ManagedRange {
     /// Queues a migration of the range to `location` on `stream`. The range is usable at once;
     /// the prefetch only moves pages ahead of use. Needs a device with concurrent managed access.
     pub fn prefetch(&self, location: Location, stream: &Stream) -> Result<()> {
-        stream.device().bind()?;
-        prefetch_raw(self.ptr, self.len, location, stream.as_ref())
+        self.prefetch_on(location, stream.device(), stream.as_ref())
+    }
+
+    /// [`ManagedRange::prefetch`] on a stream carve does not own (a framework's), which must
+    /// belong to `device`.
+    pub fn prefetch_on(
+        &self,
+        location: Location,
+        device: &Device,
+        stream: StreamRef<'_>,
+    ) -> Result<()> {
+        device.bind()?;
+        prefetch_raw(self.ptr, self.len, location, stream)
     }
 
     /// Gives the driver `advice` for the range.
