@@ -8,6 +8,8 @@ mod buffer;
 mod cache;
 mod errors;
 mod heap;
+mod pinned;
+mod pool_limit;
 mod resource;
 mod stream;
 
@@ -175,6 +177,8 @@ fn _carve(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<buffer::DeviceBuffer>()?;
     m.add_class::<heap::DeviceHeap>()?;
     resource::add_constructors(m)?;
+    pool_limit::add(m)?;
+    pinned::add(m)?;
     m.add_function(wrap_pyfunction!(set_current_resource, m)?)?;
     m.add_function(wrap_pyfunction!(get_current_resource, m)?)?;
     m.add_function(wrap_pyfunction!(mem_info, m)?)?;
