@@ -29,7 +29,7 @@ fn device_or_current(device: Option<usize>) -> carve::Result<Device> {
 
 /// `nbytes` bytes of pinned host memory (zeroed) from `cuMemHostAlloc` with `flags`
 /// (`PORTABLE | DEVICEMAP | WRITECOMBINED`), in `device`'s context.
-#[pyclass(frozen, module = "carve._carve")]
+#[pyclass(frozen, weakref, module = "carve._carve")]
 #[derive(Debug)]
 pub struct PagelockedAllocation {
     /// Taken only by `Drop`. Never empty: a zero-byte request pins one byte, so every
