@@ -192,3 +192,26 @@ fn bad_requests_and_frees_are_refused() {
         Err(Error::Unsupported(_))
     ));
 }
+
+#[test]
+fn the_driver_records_every_flag_asked_for() {
+    let dev = carve::require_gpu!();
+    for flags in all_flag_sets() {
+        let mr = PinnedHostMemoryResource::new(&dev, flags).unwrap();
+        let buf = PinnedBuffer::<u8>::zeroed(&mr, 4096).unwrap();
+        let got = buf.driver_flags().unwrap();
+        // With unified addressing the driver may add portable and mapped; never write-combined.
+        assert_eq!(
+            got.alloc_bits() & flags.alloc_bits(),
+            flags.alloc_bits(),
+            "{flags:?}"
+        );
+        assert_eq!(got.write_combined, flags.write_combined, "{flags:?}");
+    }
+    let empty = PinnedBuffer::<u8>::zeroed(
+        &PinnedHostMemoryResource::new(&dev, PinnedFlags::NONE).unwrap(),
+        0,
+    )
+    .unwrap();
+    assert!(matches!(empty.driver_flags(), Err(Error::ZeroSize)));
+}

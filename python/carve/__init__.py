@@ -35,6 +35,15 @@ from ._errors import (
     OutOfMemoryError,
     UnsupportedError,
 )
+from ._host import (
+    get_device_pointer,
+    host_alloc_flags,
+    mem_get_info,
+    pagelocked_empty,
+    pagelocked_empty_like,
+    pagelocked_zeros,
+    pagelocked_zeros_like,
+)
 from ._resources import (
     ArenaResource,
     AsyncResource,
@@ -92,9 +101,16 @@ __all__ = [
     "deferred_error_count",
     "device_count",
     "get_current_resource",
+    "get_device_pointer",
+    "host_alloc_flags",
     "is_available",
     "lib_path",
+    "mem_get_info",
     "mem_info",
+    "pagelocked_empty",
+    "pagelocked_empty_like",
+    "pagelocked_zeros",
+    "pagelocked_zeros_like",
     "ptx_path",
     "set_current_resource",
     "take_deferred_error",

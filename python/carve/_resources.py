@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional, Union
 
-from . import _carve
+from . import _carve, _errors
 
 Number = Union[int, float]
 
@@ -138,14 +138,75 @@ class HostResource(Resource):
 
 
 class PoolResource(Resource):
-    """A coalescing, stream-ordered pool over ``upstream`` (RMM's pool role)."""
+    """A coalescing, stream-ordered pool over ``upstream`` (RMM's pool role), with CuPy's pool
+    methods: :meth:`used_bytes`, :meth:`free_bytes`, :meth:`total_bytes`,
+    :meth:`free_all_blocks`, :meth:`set_limit` and :meth:`get_limit`.
 
-    __slots__ = ()
+    ``maximum_size`` is fixed at construction; :meth:`set_limit` is a second bound, on what the
+    pool takes from ``upstream``, that may change at any time."""
+
+    __slots__ = ("_limit",)
 
     def __init__(
         self, upstream: Resource, initial_size: int = 0, maximum_size: Optional[int] = None
     ) -> None:
-        super().__init__(_carve.make_pool(_as_raw(upstream), initial_size, maximum_size), upstream)
+        raw, self._limit = _carve.make_limited_pool(_as_raw(upstream), initial_size, maximum_size)
+        super().__init__(raw, upstream)
+
+    def _counters(self) -> Dict[str, Any]:
+        stats = _carve.memory_stats(self._r)
+        assert stats is not None, "a pool keeps counters"
+        return stats
+
+    def used_bytes(self) -> int:
+        """Bytes handed out and not yet freed (CuPy's ``used_bytes()``)."""
+        return int(self._counters()["bytes_in_use"])
+
+    def total_bytes(self) -> int:
+        """Bytes the pool holds from its upstream, in use or free (CuPy's ``total_bytes()``)."""
+        return int(self._counters()["bytes_reserved"])
+
+    def free_bytes(self) -> int:
+        """Bytes the pool holds and does not hand out (CuPy's ``free_bytes()``)."""
+        c = self._counters()
+        return int(c["bytes_reserved"]) - int(c["bytes_in_use"])
+
+    def free_all_blocks(self, stream: Any = None) -> None:
+        """Returns every chunk with no live block to the upstream (CuPy's
+        ``free_all_blocks()``). carve first waits for all work on the device, so the chunks
+        freed on every stream, ``stream``'s included, go back; ``stream`` is accepted for
+        CuPy's signature."""
+        self._r.release()
+
+    def set_limit(self, size: Optional[Number] = None, fraction: Optional[float] = None) -> None:
+        """Bounds the bytes the pool takes from its upstream (its :meth:`total_bytes`), as
+        CuPy's ``set_limit``: ``size`` in bytes, or ``fraction`` (0 to 1) of the device's total
+        memory; neither, or 0, removes the limit. Memory already held stays; an allocation that
+        would grow the pool past the limit raises :class:`carve.OutOfMemoryError`."""
+        if size is None:
+            if fraction is None:
+                size = 0
+            else:
+                if not 0 <= fraction <= 1:
+                    raise ValueError(f"memory limit fraction out of range: {fraction}")
+                device = self._limit.device
+                if device is None:
+                    raise _errors.InvalidArgumentError(
+                        "set_limit(fraction=...) needs a pool of device memory; "
+                        "this pool holds host memory"
+                    )
+                size = fraction * _carve.mem_info(device)[1]
+        elif fraction is not None:
+            raise ValueError("size and fraction cannot be specified at one time")
+        if size < 0:
+            raise ValueError(f"memory limit size out of range: {size}")
+        size = int(size)
+        self._limit.set_limit(size if size > 0 else None)
+
+    def get_limit(self) -> int:
+        """The limit from :meth:`set_limit` in bytes; 0 when there is none (as CuPy)."""
+        limit = self._limit.limit
+        return 0 if limit is None else int(limit)
 
 
 class BinningResource(Resource):

@@ -9,6 +9,8 @@ mod cache;
 mod errors;
 mod heap;
 mod managed;
+mod pinned;
+mod pool_limit;
 mod resource;
 mod stream;
 
@@ -186,6 +188,8 @@ fn _carve(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<heap::DeviceHeap>()?;
     resource::add_constructors(m)?;
     managed::add(m)?;
+    pool_limit::add(m)?;
+    pinned::add(m)?;
     m.add_function(wrap_pyfunction!(set_current_resource, m)?)?;
     m.add_function(wrap_pyfunction!(get_current_resource, m)?)?;
     m.add_function(wrap_pyfunction!(mem_info, m)?)?;

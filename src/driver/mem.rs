@@ -162,6 +162,19 @@ pub(crate) unsafe fn host_device_pointer(host: *mut c_void) -> Result<sys::CUdev
     Ok(dptr)
 }
 
+/// `cuMemHostGetFlags`: the `CU_MEMHOSTALLOC_*` bits the driver records for pinned memory.
+///
+/// # Safety
+/// A context is current. (A query: the driver refuses addresses it did not pin.)
+pub(crate) unsafe fn host_get_flags(host: *mut c_void) -> Result<u32> {
+    let mut flags = 0u32;
+    // SAFETY: a valid out-slot; the caller's contract.
+    check("cuMemHostGetFlags", unsafe {
+        sys::cuMemHostGetFlags(&mut flags, host)
+    })?;
+    Ok(flags)
+}
+
 /// `cuStreamSynchronize`.
 ///
 /// # Safety

@@ -96,6 +96,16 @@ impl PinnedHostMemoryResource {
         }
         mapped_device_pointer(&self.inner.device, host)
     }
+
+    /// The flags the driver records for host address `host` in an allocation of this resource
+    /// (`cuMemHostGetFlags`), to check what the allocation really got.
+    pub fn driver_flags(&self, host: NonNull<u8>) -> Result<PinnedFlags> {
+        self.inner.device.bind()?;
+        // SAFETY: a context is current (bound above); the driver rejects addresses it did not
+        // pin.
+        let bits = unsafe { mem::host_get_flags(host.as_ptr().cast::<c_void>()) }?;
+        Ok(PinnedFlags::from_alloc_bits(bits))
+    }
 }
 
 /// `cuMemHostGetDevicePointer` for a pinned, device-mapped host address.
@@ -203,5 +213,12 @@ impl<T: Pod> HostBuffer<T, PinnedHostMemoryResource> {
     pub fn device_ptr(&self) -> Result<u64> {
         let p = self.host_ptr().ok_or(Error::ZeroSize)?;
         self.resource().device_pointer(p)
+    }
+
+    /// The flags the driver records for this memory (`cuMemHostGetFlags`); [`Error::ZeroSize`]
+    /// when empty.
+    pub fn driver_flags(&self) -> Result<PinnedFlags> {
+        let p = self.host_ptr().ok_or(Error::ZeroSize)?;
+        self.resource().driver_flags(p)
     }
 }

@@ -57,6 +57,15 @@ impl PinnedFlags {
         bits
     }
 
+    /// The flags of `CU_MEMHOSTALLOC_*` bits (other bits are ignored).
+    pub fn from_alloc_bits(bits: u32) -> PinnedFlags {
+        PinnedFlags {
+            portable: bits & sys::CU_MEMHOSTALLOC_PORTABLE != 0,
+            device_mapped: bits & sys::CU_MEMHOSTALLOC_DEVICEMAP != 0,
+            write_combined: bits & sys::CU_MEMHOSTALLOC_WRITECOMBINED != 0,
+        }
+    }
+
     /// The `CU_MEMHOSTREGISTER_*` bits; [`Error::InvalidArgument`] for write-combined, which
     /// registration cannot give to memory that already exists.
     pub fn register_bits(self) -> Result<u32> {
@@ -101,6 +110,9 @@ mod tests {
         assert_eq!(PinnedFlags::WRITE_COMBINED.alloc_bits(), 4);
         let all = PinnedFlags::PORTABLE | PinnedFlags::DEVICE_MAPPED | PinnedFlags::WRITE_COMBINED;
         assert_eq!(all.alloc_bits(), 7);
+        for bits in 0..8 {
+            assert_eq!(PinnedFlags::from_alloc_bits(bits).alloc_bits(), bits);
+        }
         assert_eq!(
             (PinnedFlags::PORTABLE | PinnedFlags::DEVICE_MAPPED)
                 .register_bits()
