@@ -8,7 +8,9 @@ mod buffer;
 mod cache;
 mod errors;
 mod heap;
+mod reinit;
 mod resource;
+mod scopes;
 mod stream;
 
 use std::hash::{Hash, Hasher};
@@ -174,6 +176,9 @@ fn _carve(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Resource>()?;
     m.add_class::<buffer::DeviceBuffer>()?;
     m.add_class::<heap::DeviceHeap>()?;
+    m.add_class::<scopes::StatisticsScopes>()?;
+    m.add_function(wrap_pyfunction!(scopes::make_statistics_scoped, m)?)?;
+    m.add_function(wrap_pyfunction!(reinit::reinitialize, m)?)?;
     resource::add_constructors(m)?;
     m.add_function(wrap_pyfunction!(set_current_resource, m)?)?;
     m.add_function(wrap_pyfunction!(get_current_resource, m)?)?;
