@@ -179,6 +179,7 @@ fn _carve(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<scopes::StatisticsScopes>()?;
     m.add_function(wrap_pyfunction!(scopes::make_statistics_scoped, m)?)?;
     m.add_function(wrap_pyfunction!(reinit::reinitialize, m)?)?;
+    m.add_function(wrap_pyfunction!(reinit::current_device, m)?)?;
     resource::add_constructors(m)?;
     m.add_function(wrap_pyfunction!(set_current_resource, m)?)?;
     m.add_function(wrap_pyfunction!(get_current_resource, m)?)?;

@@ -14,6 +14,12 @@ use carve_capi::FfiError;
 use crate::errors::{guarded, to_py};
 use crate::resource::Resource;
 
+/// The ordinal of the device whose context is current on this thread (device 0 when none is).
+#[pyfunction]
+pub fn current_device(py: Python<'_>) -> PyResult<usize> {
+    py.detach(|| guarded(|| Ok(carve::Device::current()?.ordinal())))
+}
+
 /// Sets the current resource of every device in `devices` (see `carve.reinitialize`); with
 /// `log_files` (one path per device, in order) each logs RMM's CSV to its file. Returns the new current
 /// resources as `(device, resource)`, in device order. Nothing changes on error.
