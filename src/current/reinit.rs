@@ -171,5 +171,18 @@ mod tests {
             ..Default::default()
         });
         assert!(matches!(r, Err(Error::InvalidArgument(_))));
+        let mut wrapped = 0;
+        let r = reinitialize_with(
+            &ReinitializeOptions {
+                devices: vec![0, 0],
+                ..Default::default()
+            },
+            |_, r| {
+                wrapped += 1;
+                Ok(r)
+            },
+        );
+        assert!(matches!(r, Err(Error::InvalidArgument(_))));
+        assert_eq!(wrapped, 0);
     }
 }

@@ -90,7 +90,7 @@ def test_reinitialize_with_a_logged_pool(tmp_path):
     assert any(",allocate," in line and ",4096," in line for line in log), log
     assert any(",free," in line and ",4096," in line for line in log), log
     carve.reinitialize(managed_memory=True)
-    assert carve.DeviceBuffer.to_device(b"m").resource.kind == "current"
+    assert carve.DeviceBuffer.to_device(b"m").resource.kind == "managed"
     carve.reinitialize()
 
 
