@@ -7,7 +7,7 @@
 mod reinit;
 
 pub use crate::driver::mem_info;
-pub use reinit::{build, reinitialize, ReinitializeOptions};
+pub use reinit::{build, reinitialize, reinitialize_with, ReinitializeOptions};
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};

@@ -62,6 +62,12 @@ from ._resources import (
     get_current_resource,
     set_current_resource,
 )
+from ._reinit import (
+    register_reinitialize_hook,
+    reinitialize,
+    unregister_reinitialize_hook,
+)
+from . import mr, statistics  # noqa: E402  (RMM's `rmm.mr`, `rmm.statistics`)
 
 __version__ = "0.1.0"
 
@@ -111,7 +117,12 @@ __all__ = [
     "pagelocked_empty_like",
     "pagelocked_zeros",
     "pagelocked_zeros_like",
+    "mr",
     "ptx_path",
+    "register_reinitialize_hook",
+    "reinitialize",
     "set_current_resource",
+    "statistics",
     "take_deferred_error",
+    "unregister_reinitialize_hook",
 ]

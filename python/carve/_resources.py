@@ -7,6 +7,7 @@ import os
 from typing import Any, Dict, Optional, Union
 
 from . import _carve, _errors
+from ._counts import Statistics
 
 Number = Union[int, float]
 
@@ -254,12 +255,28 @@ class LimitingAdaptor(Resource):
 
 
 class StatisticsAdaptor(Resource):
-    """Counts current, peak and total bytes and allocations (see :meth:`stats`)."""
+    """Counts current, peak and total bytes and allocations (see :meth:`stats`), in nested
+    scopes (:meth:`push_counters`, :meth:`pop_counters`) as RMM's statistics adaptor."""
 
-    __slots__ = ()
+    __slots__ = ("_scopes",)
 
     def __init__(self, upstream: Resource) -> None:
-        super().__init__(_carve.make_statistics(_as_raw(upstream)), upstream)
+        raw, self._scopes = _carve.make_statistics_scoped(_as_raw(upstream))
+        super().__init__(raw, upstream)
+
+    @property
+    def allocation_counts(self) -> Statistics:
+        """The counters of the innermost scope."""
+        return Statistics._of(self._scopes.counters())
+
+    def push_counters(self) -> Statistics:
+        """Opens a scope with zeroed counters; returns the counters of the scope below it."""
+        return Statistics._of(self._scopes.push())
+
+    def pop_counters(self) -> Statistics:
+        """Closes the innermost scope and returns its counters; the scope below absorbs them
+        (its peak covers the inner one). :class:`carve.InvalidArgumentError` without a push."""
+        return Statistics._of(self._scopes.pop())
 
 
 class TrackingAdaptor(Resource):

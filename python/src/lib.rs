@@ -11,7 +11,9 @@ mod heap;
 mod managed;
 mod pinned;
 mod pool_limit;
+mod reinit;
 mod resource;
+mod scopes;
 mod stream;
 
 use std::hash::{Hash, Hasher};
@@ -57,15 +59,6 @@ fn mem_info(py: Python<'_>, device: usize) -> PyResult<(usize, usize)> {
 #[pyfunction]
 fn device_count(py: Python<'_>) -> PyResult<usize> {
     py.detach(carve::Device::count).map_err(|e| to_py(e.into()))
-}
-
-/// The ordinal of the device whose context is current on this thread, else 0, asked of the
-/// CUDA driver (`cuCtxGetDevice`): frameworks' own current-device queries may initialise their
-/// CUDA state, and PyTorch's initialises its allocator with it.
-#[pyfunction]
-fn current_device(py: Python<'_>) -> PyResult<usize> {
-    py.detach(|| carve::Device::current().map(|d| d.ordinal()))
-        .map_err(|e| to_py(e.into()))
 }
 
 /// True when a CUDA driver loads and reports a device.
@@ -186,6 +179,10 @@ fn _carve(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Resource>()?;
     m.add_class::<buffer::DeviceBuffer>()?;
     m.add_class::<heap::DeviceHeap>()?;
+    m.add_class::<scopes::StatisticsScopes>()?;
+    m.add_function(wrap_pyfunction!(scopes::make_statistics_scoped, m)?)?;
+    m.add_function(wrap_pyfunction!(reinit::reinitialize, m)?)?;
+    m.add_function(wrap_pyfunction!(reinit::current_device, m)?)?;
     resource::add_constructors(m)?;
     managed::add(m)?;
     pool_limit::add(m)?;
@@ -194,7 +191,6 @@ fn _carve(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get_current_resource, m)?)?;
     m.add_function(wrap_pyfunction!(mem_info, m)?)?;
     m.add_function(wrap_pyfunction!(device_count, m)?)?;
-    m.add_function(wrap_pyfunction!(current_device, m)?)?;
     m.add_function(wrap_pyfunction!(is_available, m)?)?;
     m.add_function(wrap_pyfunction!(ptx_path, m)?)?;
     m.add_function(wrap_pyfunction!(cache_dir, m)?)?;

@@ -94,11 +94,20 @@ pub fn build(device: &Device, options: &ReinitializeOptions) -> Result<SharedRes
 /// replaced, in device order. All resources are built before any is set, so an error (a bad
 /// ordinal is [`Error::InvalidDevice`]) changes nothing.
 pub fn reinitialize(options: &ReinitializeOptions) -> Result<Vec<(usize, SharedResource)>> {
+    reinitialize_with(options, |_, r| Ok(r))
+}
+
+/// As [`reinitialize`], with each built resource passed through `wrap(device, resource)` before
+/// it is set (an adaptor per device, such as a log file each). A failing `wrap` changes nothing.
+pub fn reinitialize_with(
+    options: &ReinitializeOptions,
+    mut wrap: impl FnMut(usize, SharedResource) -> Result<SharedResource>,
+) -> Result<Vec<(usize, SharedResource)>> {
     options.validate()?;
     let built = options
         .devices
         .iter()
-        .map(|&d| Ok((d, build(&Device::get(d)?, options)?)))
+        .map(|&d| Ok((d, wrap(d, build(&Device::get(d)?, options)?)?)))
         .collect::<Result<Vec<_>>>()?;
     built
         .into_iter()
@@ -162,5 +171,18 @@ mod tests {
             ..Default::default()
         });
         assert!(matches!(r, Err(Error::InvalidArgument(_))));
+        let mut wrapped = 0;
+        let r = reinitialize_with(
+            &ReinitializeOptions {
+                devices: vec![0, 0],
+                ..Default::default()
+            },
+            |_, r| {
+                wrapped += 1;
+                Ok(r)
+            },
+        );
+        assert!(matches!(r, Err(Error::InvalidArgument(_))));
+        assert_eq!(wrapped, 0);
     }
 }

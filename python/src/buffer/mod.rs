@@ -7,15 +7,18 @@
 //! whatever thread that happens.
 
 mod block;
+mod copy;
 mod dlpack;
 
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyAttributeError, PyBufferError, PyRuntimeError};
+use pyo3::exceptions::{
+    PyAttributeError, PyBufferError, PyRuntimeError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PySlice, PyTuple};
 
 use carve::resource::DEFAULT_ALIGNMENT;
 use carve::{Device, Event, StreamRef};
@@ -54,42 +57,129 @@ impl Drop for DeviceBuffer {
 #[pymethods]
 impl DeviceBuffer {
     #[new]
-    #[pyo3(signature = (nbytes, resource = None, *, stream = None, device = 0))]
+    #[pyo3(signature = (nbytes = None, resource = None, *, size = None, stream = None, mr = None, device = 0))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        nbytes: usize,
+        nbytes: Option<usize>,
         resource: Option<Bound<'_, PyAny>>,
+        size: Option<usize>,
         stream: Option<Bound<'_, PyAny>>,
+        mr: Option<Bound<'_, PyAny>>,
         device: usize,
     ) -> PyResult<Self> {
-        let (entry, resource) = match resource {
-            Some(obj) => (Arc::clone(&resource_of(&obj)?.entry), obj.unbind()),
-            None => {
-                // The package's wrapper, so `buffer.resource` is the object users set.
-                let obj = py
-                    .import("carve")?
-                    .call_method1("get_current_resource", (device,))?;
-                (Arc::clone(&resource_of(&obj)?.entry), obj.unbind())
+        let nbytes = match (nbytes, size) {
+            (Some(_), Some(_)) => {
+                return Err(PyTypeError::new_err(
+                    "DeviceBuffer: give the size once (nbytes or size=)",
+                ))
             }
+            (n, s) => n.or(s).unwrap_or(0),
         };
-        let stream = match stream {
-            Some(s) => HeldStream::extract(&s)?,
-            None => HeldStream::LEGACY,
-        };
-        let addr = py.detach(|| {
-            guarded(|| {
-                let p = entry
-                    .resource
-                    .allocate(stream.for_call(), nbytes, DEFAULT_ALIGNMENT)?;
-                Ok(p.as_ptr() as usize)
-            })
-        })?;
-        let ptr = NonNull::new(addr as *mut u8)
-            .ok_or_else(|| PyRuntimeError::new_err("carve: the resource returned null"))?;
-        Ok(DeviceBuffer {
-            block: ManuallyDrop::new(Arc::new(Block::new(entry, ptr, nbytes, device, stream))),
-            resource,
+        Self::allocate(py, nbytes, one_resource(resource, mr)?, stream, device)
+    }
+
+    /// A new buffer holding a copy of `host` (bytes, or any object with the buffer protocol,
+    /// such as a numpy array, copied as its bytes in C order), allocated from `mr` (default:
+    /// the current resource of `device`) and copied on `stream`, which the buffer keeps.
+    #[staticmethod]
+    #[pyo3(signature = (host, stream = None, mr = None, *, device = 0))]
+    fn to_device(
+        py: Python<'_>,
+        host: Bound<'_, PyAny>,
+        stream: Option<Bound<'_, PyAny>>,
+        mr: Option<Bound<'_, PyAny>>,
+        device: usize,
+    ) -> PyResult<Self> {
+        let data = host_bytes(&host)?;
+        let buf = Self::allocate(py, data.as_bytes().len(), mr, stream, device)?;
+        buf.copy_from_host(py, data.as_any(), None)?;
+        Ok(buf)
+    }
+
+    /// Copies `host` (as [`to_device`](Self::to_device) reads it) to the start of the buffer,
+    /// on `stream` (default: the buffer's), and waits for the copy.
+    #[pyo3(signature = (host, stream = None))]
+    fn copy_from_host(
+        &self,
+        py: Python<'_>,
+        host: &Bound<'_, PyAny>,
+        stream: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let data = host_bytes(host)?;
+        let src = data.as_bytes();
+        let held = stream.map(|s| HeldStream::extract(&s)).transpose()?;
+        let block = &**self.block;
+        py.detach(|| {
+            let on = held
+                .as_ref()
+                .map_or(block.stream.for_call(), HeldStream::for_call);
+            guarded(|| Ok(copy::host_to_block(block, src, on)?))
         })
+    }
+
+    /// The buffer's bytes, copied on `stream` (default: the buffer's) after the work queued
+    /// there.
+    #[pyo3(signature = (stream = None))]
+    fn tobytes<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let held = stream.map(|s| HeldStream::extract(&s)).transpose()?;
+        let block = &**self.block;
+        PyBytes::new_with(py, block.size, |dst| {
+            py.detach(|| {
+                let on = held
+                    .as_ref()
+                    .map_or(block.stream.for_call(), HeldStream::for_call);
+                guarded(|| Ok(copy::block_to_host(block, dst, on)?))
+            })
+        })
+    }
+
+    /// Copies the buffer to the host: into `out` (any writable C-contiguous buffer of at least
+    /// `size` bytes), returned; without `out`, into a new numpy `uint8` array (a `bytearray`
+    /// when numpy is missing). On `stream` (default: the buffer's).
+    #[pyo3(signature = (out = None, stream = None))]
+    fn copy_to_host<'py>(
+        &self,
+        py: Python<'py>,
+        out: Option<Bound<'py, PyAny>>,
+        stream: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let n = self.block.size;
+        let Some(out) = out else {
+            let held = stream.map(|s| HeldStream::extract(&s)).transpose()?;
+            let block = &**self.block;
+            // A new bytearray that no other thread can reach until it is returned.
+            let array = PyByteArray::new_with(py, n, |dst| {
+                py.detach(|| {
+                    let on = held
+                        .as_ref()
+                        .map_or(block.stream.for_call(), HeldStream::for_call);
+                    guarded(|| Ok(copy::block_to_host(block, dst, on)?))
+                })
+            })?;
+            return match py.import("numpy") {
+                Ok(np) => np.call_method1("frombuffer", (array, "uint8")),
+                Err(_) => Ok(array.into_any()),
+            };
+        };
+        let view = py
+            .import("builtins")?
+            .getattr("memoryview")?
+            .call1((&out,))?
+            .call_method1("cast", ("B",))?;
+        let room = view.len()?;
+        if room < n {
+            return Err(PyValueError::new_err(format!(
+                "copy_to_host: `out` has {room} bytes; the buffer has {n}"
+            )));
+        }
+        let data = self.tobytes(py, stream)?;
+        view.set_item(PySlice::new(py, 0, n as isize, 1), data)?;
+        Ok(out)
     }
 
     /// The block's address.
@@ -101,6 +191,12 @@ impl DeviceBuffer {
     /// Its size in bytes.
     #[getter]
     fn nbytes(&self) -> usize {
+        self.block.size
+    }
+
+    /// Its size in bytes (RMM's name).
+    #[getter]
+    fn size(&self) -> usize {
         self.block.size
     }
 
@@ -223,6 +319,44 @@ impl DeviceBuffer {
 }
 
 impl DeviceBuffer {
+    /// `nbytes` bytes from `resource` (default: the current resource of `device`) on `stream`.
+    fn allocate(
+        py: Python<'_>,
+        nbytes: usize,
+        resource: Option<Bound<'_, PyAny>>,
+        stream: Option<Bound<'_, PyAny>>,
+        device: usize,
+    ) -> PyResult<Self> {
+        let (entry, resource) = match resource {
+            Some(obj) => (Arc::clone(&resource_of(&obj)?.entry), obj.unbind()),
+            None => {
+                // The package's wrapper, so `buffer.resource` is the object users set.
+                let obj = py
+                    .import("carve")?
+                    .call_method1("get_current_resource", (device,))?;
+                (Arc::clone(&resource_of(&obj)?.entry), obj.unbind())
+            }
+        };
+        let stream = match stream {
+            Some(s) => HeldStream::extract(&s)?,
+            None => HeldStream::LEGACY,
+        };
+        let addr = py.detach(|| {
+            guarded(|| {
+                let p = entry
+                    .resource
+                    .allocate(stream.for_call(), nbytes, DEFAULT_ALIGNMENT)?;
+                Ok(p.as_ptr() as usize)
+            })
+        })?;
+        let ptr = NonNull::new(addr as *mut u8)
+            .ok_or_else(|| PyRuntimeError::new_err("carve: the resource returned null"))?;
+        Ok(DeviceBuffer {
+            block: ManuallyDrop::new(Arc::new(Block::new(entry, ptr, nbytes, device, stream))),
+            resource,
+        })
+    }
+
     /// Makes consumer stream `stream` wait for the buffer's stream (DLPack's rule). -1 means
     /// "no synchronisation"; `None` and 1 the legacy default stream, 2 the per-thread one.
     fn order_for(&self, stream: Option<isize>) -> PyResult<()> {
@@ -249,4 +383,32 @@ impl DeviceBuffer {
             Ok(())
         })
     }
+}
+
+/// The resource given as `resource` or RMM's `mr` (not both).
+fn one_resource<'py>(
+    resource: Option<Bound<'py, PyAny>>,
+    mr: Option<Bound<'py, PyAny>>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    match (resource, mr) {
+        (Some(_), Some(_)) => Err(PyTypeError::new_err(
+            "DeviceBuffer: give the resource once (resource or mr=)",
+        )),
+        (r, m) => Ok(r.or(m)),
+    }
+}
+
+/// `host`'s bytes: itself when it is `bytes`, else its buffer's bytes in C order (TypeError
+/// for an object without the buffer protocol).
+fn host_bytes<'py>(host: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+    if let Ok(b) = host.cast::<PyBytes>() {
+        return Ok(b.clone());
+    }
+    let py = host.py();
+    Ok(py
+        .import("builtins")?
+        .getattr("memoryview")?
+        .call1((host,))?
+        .call_method0("tobytes")?
+        .cast_into::<PyBytes>()?)
 }
