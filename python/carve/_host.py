@@ -66,7 +66,18 @@ def pagelocked_zeros(
     for d in dims:
         count *= d
     alloc = _carve.PagelockedAllocation(count * dt.itemsize, int(mem_flags), device)
-    return np.asarray(alloc).view(dt).reshape(dims, order=order)
+    if dt.fields is not None or dt.subdtype is not None:
+        # Records and sub-arrays need numpy's full description: a view of the bytes.
+        return np.asarray(alloc).view(dt).reshape(dims, order=order)
+    strides = None
+    if order == "F":
+        strides, step = [], dt.itemsize
+        for d in dims:
+            strides.append(step)
+            step *= d
+    # The allocation itself is the array's base, as PyCUDA's HostAllocation is.
+    alloc.set_array_layout(list(dims), dt.str, dt.itemsize, strides)
+    return np.asarray(alloc)
 
 
 def pagelocked_empty(

@@ -3,6 +3,7 @@
 //! the memory alive and frees it when collected. Also `mem_get_info`.
 
 use std::mem::ManuallyDrop;
+use std::sync::OnceLock;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -37,6 +38,18 @@ pub struct PagelockedAllocation {
     buffer: ManuallyDrop<PinnedBuffer<u8>>,
     nbytes: usize,
     flags: u32,
+    /// What `numpy.asarray(self)` returns: shape, typestr and strides (None: C order). Unset,
+    /// the bytes as `uint8`.
+    layout: OnceLock<ArrayLayout>,
+}
+
+/// The array numpy makes of the allocation, so that the allocation itself is the array's
+/// `base` (as PyCUDA's `HostAllocation` is), not an intermediate `uint8` view.
+#[derive(Debug)]
+struct ArrayLayout {
+    shape: Vec<usize>,
+    typestr: String,
+    strides: Option<Vec<usize>>,
 }
 
 #[pymethods]
@@ -62,7 +75,37 @@ impl PagelockedAllocation {
             buffer: ManuallyDrop::new(buffer),
             nbytes,
             flags,
+            layout: OnceLock::new(),
         })
+    }
+
+    /// Sets what `numpy.asarray(self)` returns: `shape` of items of numpy's `typestr`, each
+    /// `itemsize` bytes, in C order or with byte `strides`; once, and it must fit the allocation.
+    #[pyo3(signature = (shape, typestr, itemsize, strides = None))]
+    fn set_array_layout(
+        &self,
+        shape: Vec<usize>,
+        typestr: String,
+        itemsize: usize,
+        strides: Option<Vec<usize>>,
+    ) -> PyResult<()> {
+        let bytes = shape
+            .iter()
+            .try_fold(itemsize, |n, &d| n.checked_mul(d))
+            .filter(|&n| n <= self.nbytes);
+        if bytes.is_none() || strides.as_ref().is_some_and(|s| s.len() != shape.len()) {
+            return Err(to_py(FfiError::invalid(format!(
+                "an array of shape {shape:?} and {itemsize}-byte items does not fit {} bytes",
+                self.nbytes
+            ))));
+        }
+        self.layout
+            .set(ArrayLayout {
+                shape,
+                typestr,
+                strides,
+            })
+            .map_err(|_| to_py(FfiError::invalid("the array layout is set once".to_owned())))
     }
 
     /// The host address.
@@ -105,12 +148,24 @@ impl PagelockedAllocation {
         py.detach(|| b.device_ptr()).map_err(|e| to_py(e.into()))
     }
 
-    /// The bytes as a one-dimensional `uint8` array for numpy (`numpy.asarray(self)`).
+    /// The array for numpy (`numpy.asarray(self)`): the layout set by `set_array_layout`, else
+    /// the bytes as a one-dimensional `uint8` array.
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
-        d.set_item("shape", (self.nbytes,))?;
-        d.set_item("typestr", "|u1")?;
+        match self.layout.get() {
+            Some(l) => {
+                d.set_item("shape", l.shape.clone())?;
+                d.set_item("typestr", l.typestr.as_str())?;
+                if let Some(strides) = &l.strides {
+                    d.set_item("strides", strides.clone())?;
+                }
+            }
+            None => {
+                d.set_item("shape", (self.nbytes,))?;
+                d.set_item("typestr", "|u1")?;
+            }
+        }
         d.set_item("data", (self.ptr(), false))?;
         d.set_item("version", 3)?;
         Ok(d)
