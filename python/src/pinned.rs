@@ -6,7 +6,7 @@ use std::mem::ManuallyDrop;
 use std::sync::OnceLock;
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyTuple};
 
 use carve::{Device, PinnedBuffer, PinnedFlags, PinnedHostMemoryResource};
 use carve_capi::FfiError;
@@ -155,10 +155,10 @@ impl PagelockedAllocation {
         let d = PyDict::new(py);
         match self.layout.get() {
             Some(l) => {
-                d.set_item("shape", l.shape.clone())?;
+                d.set_item("shape", PyTuple::new(py, &l.shape)?)?;
                 d.set_item("typestr", l.typestr.as_str())?;
                 if let Some(strides) = &l.strides {
-                    d.set_item("strides", strides.clone())?;
+                    d.set_item("strides", PyTuple::new(py, strides)?)?;
                 }
             }
             None => {
