@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Builds the carve wheel here (Rust needed) and stages it, with the GPU tests, the ported
 # example and the Python benchmarks, for the GPU machine (Python, torch, CuPy, numba; no Rust).
+# The wheel is manylinux_2_28 and abi3 (CPython >= 3.9): it installs without Rust on any Linux
+# with glibc >= 2.28. It links no CUDA library (carve loads libcuda at run time), so one wheel
+# serves CUDA 12 and 13 drivers.
 #
 #   python/tools/build_wheel.sh [OUT]          # default OUT: .gpu-python (git-excluded)
 #   device run: carry [".gpu-python"], command "bash .gpu-python/run.sh 2>&1 | tee $OUT/python.log"
@@ -21,12 +24,20 @@ if [ ! -x "$venv/bin/maturin" ]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q "maturin>=1.5,<2"
 fi
+policy=manylinux_2_28
+# A host glibc newer than the policy's would leak newer symbol versions into the binary: link
+# with zig against glibc 2.28 instead (ziglang from PyPI; maturin finds it on PATH).
+zig=()
+glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+if [ -n "$glibc" ] && [ "$(printf '%s\n' 2.28 "$glibc" | sort -V | tail -1)" != 2.28 ]; then
+  "$venv/bin/python" -c 'import ziglang' 2>/dev/null || "$venv/bin/pip" install -q ziglang
+  zig=(--zig)
+fi
 rm -rf "$out"
 mkdir -p "$out/wheels" "$out/deps" "$out/python" "$out/bench" "$out/examples"
 find python/carve -name __pycache__ -prune -exec rm -rf {} +
-# linux_x86_64, not manylinux: the wheel is for the GPU machine, where binaries built here run.
-CARGO_TARGET_DIR="$root/target/python" "$venv/bin/maturin" build --release --strip \
-  --compatibility linux -m python/Cargo.toml -o "$out/wheels"
+PATH="$(cd "$venv/bin" && pwd):$PATH" CARGO_TARGET_DIR="$root/target/python" "$venv/bin/maturin" build \
+  --release --strip --compatibility "$policy" ${zig[@]+"${zig[@]}"} -m python/Cargo.toml -o "$out/wheels"
 # pytest for the GPU machine in case it lacks it (it has no network).
 "$venv/bin/pip" download -q -d "$out/deps" --only-binary=:all: --python-version 3.9 pytest exceptiongroup tomli \
   || echo "warning: could not download pytest; the GPU machine must have it" >&2
