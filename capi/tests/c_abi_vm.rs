@@ -48,8 +48,8 @@ fn round_trip(r: carve_resource_t, bytes: usize, align: usize) {
         ptr::write_bytes(p.cast::<u8>(), 0xA5, bytes);
         assert_eq!(*p.cast::<u8>().add(bytes - 1), 0xA5);
     }
-    // SAFETY: the block from the allocation above.
     assert_eq!(
+        // SAFETY: the block from the allocation above.
         unsafe { carve_deallocate(r, p, bytes, align, ptr::null_mut()) },
         OK
     );
@@ -95,7 +95,7 @@ fn expandable_and_virtual_memory_build_over_host_virtual_memory() {
 fn bad_virtual_memory_options_are_typed_errors() {
     let mut out = ptr::null_mut();
     let none = SIZE_NONE;
-    // SAFETY (all calls below): the output is writable or null, as each call says.
+    // SAFETY: each output is a writable local or null; every call checks it.
     unsafe {
         // No maximum on host memory.
         assert_eq!(
@@ -156,8 +156,8 @@ fn bad_virtual_memory_options_are_typed_errors() {
 fn aligned_adaptor_over_aligns_large_requests_and_refuses_bad_alignments() {
     let h = host();
     let mut a = ptr::null_mut();
-    // SAFETY: the output is writable.
     assert_eq!(
+        // SAFETY: the output is writable.
         unsafe { carve_aligned_adaptor_create(h, 1 << 16, 4096, &mut a) },
         OK,
         "{}",
@@ -165,25 +165,25 @@ fn aligned_adaptor_over_aligns_large_requests_and_refuses_bad_alignments() {
     );
     assert_eq!(kind(a), "aligned");
     let mut p = ptr::null_mut();
-    // SAFETY: `p` is writable.
     assert_eq!(
+        // SAFETY: `p` is writable.
         unsafe { carve_allocate(a, 8192, 256, ptr::null_mut(), &mut p) },
         OK
     );
     assert_eq!(p as usize % (1 << 16), 0);
-    // SAFETY: the block just allocated.
     assert_eq!(
+        // SAFETY: the block just allocated.
         unsafe { carve_deallocate(a, p, 8192, 256, ptr::null_mut()) },
         OK
     );
     let mut bad = ptr::null_mut();
-    // SAFETY: the output is writable.
     assert_eq!(
+        // SAFETY: the output is writable.
         unsafe { carve_aligned_adaptor_create(h, 3000, 0, &mut bad) },
         INVALID_ARGUMENT
     );
-    // SAFETY: the output is writable.
     assert_eq!(
+        // SAFETY: the output is writable.
         unsafe { carve_aligned_adaptor_create(ptr::null_mut(), 4096, 0, &mut bad) },
         INVALID_HANDLE
     );
@@ -197,12 +197,13 @@ fn aligned_adaptor_over_aligns_large_requests_and_refuses_bad_alignments() {
 fn prefetch_needs_a_device_and_a_live_upstream() {
     let h = host();
     let mut out = ptr::null_mut();
-    // SAFETY (both): the output is writable.
     assert_eq!(
+        // SAFETY: the output is writable.
         unsafe { carve_prefetch_adaptor_create(h, -1, &mut out) },
         NO_DEVICE
     );
     assert_eq!(
+        // SAFETY: outputs are writable locals; handles and blocks come from the calls above.
         unsafe { carve_prefetch_adaptor_create(ptr::null_mut(), 0, &mut out) },
         INVALID_HANDLE
     );
@@ -223,15 +224,15 @@ unsafe extern "C" fn retry_twice(_bytes: usize, user_data: *mut c_void) -> c_int
 fn failure_callback_is_asked_on_out_of_memory_and_null_callbacks_are_refused() {
     let h = host();
     let mut lim = ptr::null_mut();
-    // SAFETY: the output is writable.
     assert_eq!(
+        // SAFETY: the output is writable.
         unsafe { carve_limiting_adaptor_create(h, 4096, &mut lim) },
         OK
     );
     let mut f = ptr::null_mut();
     let data = ptr::from_ref(&CALLS).cast_mut().cast::<c_void>();
-    // SAFETY: a thread-safe callback whose user data (a static) outlives the adaptor.
     assert_eq!(
+        // SAFETY: a thread-safe callback whose user data (a static) outlives the adaptor.
         unsafe { carve_failure_callback_adaptor_create(lim, Some(retry_twice), data, &mut f) },
         OK
     );
@@ -243,8 +244,8 @@ fn failure_callback_is_asked_on_out_of_memory_and_null_callbacks_are_refused() {
     assert_eq!(CALLS.load(Ordering::SeqCst), 3, "two retries, then no");
     round_trip(f, 1024, 256);
     let mut bad = ptr::null_mut();
-    // SAFETY: the output is writable; no callback is given.
     assert_eq!(
+        // SAFETY: the output is writable; no callback is given.
         unsafe { carve_failure_callback_adaptor_create(lim, None, ptr::null_mut(), &mut bad) },
         INVALID_ARGUMENT
     );
@@ -262,8 +263,8 @@ fn graph_safe_builds_over_any_upstream() {
     assert_eq!(unsafe { carve_graph_safe_resource_create(h, &mut g) }, OK);
     assert_eq!(kind(g), "graph_safe");
     let mut bad = ptr::null_mut();
-    // SAFETY: the output is writable.
     assert_eq!(
+        // SAFETY: the output is writable.
         unsafe { carve_graph_safe_resource_create(ptr::null_mut(), &mut bad) },
         INVALID_HANDLE
     );
