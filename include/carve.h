@@ -89,6 +89,39 @@ int carve_tracking_adaptor_create(carve_resource_t upstream, int capture_backtra
 /* RMM's CSV log, to a new file at path. */
 int carve_logging_adaptor_create(carve_resource_t upstream, const char *path, int auto_flush,
                                  carve_resource_t *out);
+/* Virtual memory (the driver's cuMemCreate/cuMemMap on device; the *_host variants map
+ * Linux memory files with pages of granularity bytes, no GPU needed, and need a maximum).
+ * Sizes: CARVE_SIZE_NONE picks the default. The expandable pool (PyTorch's
+ * expandable_segments): requests up to small_limit go to pages of small_chunk bytes, larger
+ * ones to pages of large_chunk; headroom: growth above the most bytes ever live, a fraction
+ * in [0, 1] (CARVE_HEADROOM_DEFAULT: 0.05). */
+#define CARVE_HEADROOM_DEFAULT (-1.0)
+int carve_expandable_resource_create(int device, size_t maximum, size_t small_limit,
+                                     size_t small_chunk, size_t large_chunk, double headroom,
+                                     carve_resource_t *out);
+int carve_expandable_host_resource_create(size_t granularity, size_t maximum,
+                                          size_t small_limit, size_t small_chunk,
+                                          size_t large_chunk, double headroom,
+                                          carve_resource_t *out);
+/* Whole-chunk virtual memory: chunk_size a power-of-two multiple of the granularity,
+ * reserve the address space (four times maximum by default). */
+int carve_virtual_resource_create(int device, size_t maximum, size_t chunk_size, size_t reserve,
+                                  carve_resource_t *out);
+int carve_virtual_host_resource_create(size_t granularity, size_t maximum, size_t chunk_size,
+                                       size_t reserve, carve_resource_t *out);
+/* Allocation inside CUDA graph capture: captured requests come from a pool per capture. */
+int carve_graph_safe_resource_create(carve_resource_t upstream, carve_resource_t *out);
+/* Aligns requests of threshold bytes or more to alignment (a power of two). */
+int carve_aligned_adaptor_create(carve_resource_t upstream, size_t alignment, size_t threshold,
+                                 carve_resource_t *out);
+/* Prefetches (managed) blocks to device after each allocation. */
+int carve_prefetch_adaptor_create(carve_resource_t upstream, int device, carve_resource_t *out);
+/* Asked on out-of-memory with the request's size; non-zero retries. Called from any thread
+ * that allocates, while the adaptor lives; must not throw or longjmp. */
+typedef int (*carve_failure_callback_t)(size_t bytes, void *user_data);
+int carve_failure_callback_adaptor_create(carve_resource_t upstream,
+                                          carve_failure_callback_t callback, void *user_data,
+                                          carve_resource_t *out);
 /* Forgets r. Blocks allocated through r can no longer be freed through it
  * (CARVE_ERROR_INVALID_HANDLE): free them first. Destroying a handle twice is
  * CARVE_ERROR_INVALID_HANDLE, also after a new resource took its slot. */

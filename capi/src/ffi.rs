@@ -50,11 +50,11 @@ fn entry(r: carve_resource_t) -> FfiResult<Arc<Entry>> {
     registry::get(handle_of(r))
 }
 
-fn opt(size: usize) -> Option<usize> {
+pub(crate) fn opt(size: usize) -> Option<usize> {
     (size != SIZE_NONE).then_some(size)
 }
 
-fn device(d: c_int) -> FfiResult<usize> {
+pub(crate) fn device(d: c_int) -> FfiResult<usize> {
     usize::try_from(d).map_err(|_| FfiError::new(Code::NoDevice, format!("device ordinal {d}")))
 }
 
@@ -70,7 +70,7 @@ fn check_out<T>(out: *mut T) -> FfiResult<()> {
 ///
 /// # Safety
 /// `out` must be null or writable.
-unsafe fn create(
+pub(crate) unsafe fn create(
     out: *mut carve_resource_t,
     make: impl FnOnce() -> FfiResult<Arc<Entry>>,
 ) -> c_int {
@@ -87,7 +87,7 @@ unsafe fn create(
 ///
 /// # Safety
 /// `out` must be null or writable.
-unsafe fn create_over(
+pub(crate) unsafe fn create_over(
     upstream: carve_resource_t,
     out: *mut carve_resource_t,
     make: impl FnOnce(&Entry) -> FfiResult<Arc<Entry>>,

@@ -4,9 +4,12 @@
 //!   so a destroyed or forged handle is an error, never a dangling pointer.
 //! - [`make`]: building and composing resources, shared by the C functions and the Python
 //!   package.
+//! - [`make_vm`], [`make_adapt`]: the virtual-memory resources, the graph-safe resource, and
+//!   the aligning, prefetching and failure-callback adaptors.
 //! - [`stats`]: each resource's statistics as name/value pairs.
 //! - [`ffi`]: the `extern "C"` functions; each catches panics, returns an error code and keeps
 //!   a thread-local last-error string.
+//! - [`ffi_more`]: the `extern "C"` constructors of those.
 //! - [`frameworks`]: the exact symbols PyTorch's `CUDAPluggableAllocator`, CuPy's
 //!   `CFunctionAllocator` and ONNX Runtime's CUDA execution provider call.
 //!
@@ -16,8 +19,11 @@
 pub mod current;
 pub mod error;
 pub mod ffi;
+pub mod ffi_more;
 pub mod frameworks;
 pub mod make;
+pub mod make_adapt;
+pub mod make_vm;
 pub mod registry;
 pub mod stats;
 #[cfg(doctest)]

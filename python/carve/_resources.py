@@ -4,7 +4,7 @@ Rust: an adaptor or suballocator takes its upstream as its first argument and ke
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, Union
+from typing import Any, Callable, Dict, Optional, Union
 
 from . import _carve, _errors
 from ._counts import Statistics
@@ -298,6 +298,126 @@ class LoggingAdaptor(Resource):
     ) -> None:
         super().__init__(_carve.make_logging(_as_raw(upstream), os.fspath(path), auto_flush), upstream)
 
+
+
+class ExpandableResource(Resource):
+    """The expandable pool (PyTorch's ``expandable_segments``) on ``device``: blocks share
+    pages of virtual memory mapped as needed, so fragmentation does not strand memory. Sizes
+    left None take the defaults (``maximum_size``: the device's memory). :meth:`over_host`
+    builds one over host virtual memory (no GPU needed)."""
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        device: int = 0,
+        maximum_size: Optional[int] = None,
+        small_limit: Optional[int] = None,
+        small_chunk: Optional[int] = None,
+        large_chunk: Optional[int] = None,
+        headroom: Optional[float] = None,
+    ) -> None:
+        raw = _carve.make_expandable(device, maximum_size, small_limit, small_chunk, large_chunk, headroom)
+        super().__init__(raw)
+
+    @classmethod
+    def over_host(
+        cls,
+        maximum_size: int,
+        granularity: int = 64 << 10,
+        small_limit: Optional[int] = None,
+        small_chunk: Optional[int] = None,
+        large_chunk: Optional[int] = None,
+        headroom: Optional[float] = None,
+    ) -> "ExpandableResource":
+        """Over host virtual memory (Linux memory files) with pages of ``granularity`` bytes."""
+        raw = _carve.make_expandable_host(
+            granularity, maximum_size, small_limit, small_chunk, large_chunk, headroom
+        )
+        return cls._wrap(raw)  # type: ignore[return-value]
+
+
+class VirtualMemoryResource(Resource):
+    """Whole-chunk virtual memory on ``device`` (the driver's ``cuMemCreate`` / ``cuMemMap``).
+    :meth:`over_host` builds one over host virtual memory (no GPU needed)."""
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        device: int = 0,
+        maximum_size: Optional[int] = None,
+        chunk_size: Optional[int] = None,
+        reserve: Optional[int] = None,
+    ) -> None:
+        super().__init__(_carve.make_virtual(device, maximum_size, chunk_size, reserve))
+
+    @classmethod
+    def over_host(
+        cls,
+        maximum_size: int,
+        granularity: int = 64 << 10,
+        chunk_size: Optional[int] = None,
+        reserve: Optional[int] = None,
+    ) -> "VirtualMemoryResource":
+        """Over host virtual memory (Linux memory files) with pages of ``granularity`` bytes."""
+        raw = _carve.make_virtual_host(granularity, maximum_size, chunk_size, reserve)
+        return cls._wrap(raw)  # type: ignore[return-value]
+
+
+class GraphSafeResource(Resource):
+    """Allocation that is safe inside CUDA graph capture: requests on a captured stream come
+    from a pool kept for that capture; others go to ``upstream``."""
+
+    __slots__ = ()
+
+    def __init__(self, upstream: Resource) -> None:
+        super().__init__(_carve.make_graph_safe(_as_raw(upstream)), upstream)
+
+
+class AlignedAdaptor(Resource):
+    """Aligns requests of ``threshold`` bytes or more to ``alignment`` (a power of two), as
+    RMM's ``AlignedResourceAdaptor``."""
+
+    __slots__ = ()
+
+    def __init__(self, upstream: Resource, alignment: int, threshold: int = 0) -> None:
+        super().__init__(_carve.make_aligned(_as_raw(upstream), alignment, threshold), upstream)
+
+
+class PrefetchAdaptor(Resource):
+    """Prefetches each (managed) block to ``device`` when it is allocated, as RMM's
+    ``PrefetchResourceAdaptor``."""
+
+    __slots__ = ()
+
+    def __init__(self, upstream: Resource, device: int = 0) -> None:
+        super().__init__(_carve.make_prefetch(_as_raw(upstream), device), upstream)
+
+
+class FailureCallbackAdaptor(Resource):
+    """On out-of-memory calls ``callback(nbytes)`` and retries while it returns true, as RMM's
+    ``FailureCallbackResourceAdaptor``. An exception in the callback means "do not retry":
+    :meth:`allocate` raises the out-of-memory error with that exception as its cause."""
+
+    __slots__ = ("_errors", "_callback")
+
+    def __init__(self, upstream: Resource, callback: Callable[[int], bool]) -> None:
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {type(callback).__name__}")
+        raw, self._errors = _carve.make_failure_callback(_as_raw(upstream), callback)
+        self._callback = callback
+        super().__init__(raw, upstream)
+
+    def allocate(self, nbytes: int, alignment: int = 256, stream: Any = 0) -> int:
+        self._errors.take()
+        try:
+            return super().allocate(nbytes, alignment, stream)
+        except _errors.OutOfMemoryError as e:
+            cause = self._errors.take()
+            if cause is not None:
+                raise e from cause
+            raise
 
 _current: Dict[int, Resource] = {}
 

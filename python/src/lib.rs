@@ -13,6 +13,7 @@ mod pinned;
 mod pool_limit;
 mod reinit;
 mod resource;
+mod resource_vm;
 mod scopes;
 mod stream;
 
@@ -184,6 +185,7 @@ fn _carve(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reinit::reinitialize, m)?)?;
     m.add_function(wrap_pyfunction!(reinit::current_device, m)?)?;
     resource::add_constructors(m)?;
+    resource_vm::add_constructors(m)?;
     managed::add(m)?;
     pool_limit::add(m)?;
     pinned::add(m)?;

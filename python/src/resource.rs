@@ -198,7 +198,7 @@ fn stream_arg(stream: Option<Bound<'_, PyAny>>) -> PyResult<HeldStream> {
 
 /// Builds a resource with the GIL released (construction may allocate from the device), a
 /// panic caught as `CarveError`, and registers it.
-fn made(
+pub(crate) fn made(
     py: Python<'_>,
     build: impl FnOnce() -> carve_capi::error::FfiResult<Arc<Entry>> + Send,
 ) -> PyResult<Resource> {
