@@ -14,10 +14,10 @@ pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 
 use std::sync::PoisonError;
 
-/// Locks `m`, ignoring poisoning. Every critical section in carve finishes its update before
-/// anything in it can panic (no user code or upstream call runs halfway through one), so a lock
-/// that a panicking thread held still guards consistent data, and poisoning carries no
-/// information.
+/// Locks `m`, ignoring poisoning. A critical section that calls out while it holds a lock (a
+/// stream order, a physical backing) puts its books back with an undo guard before a panic
+/// leaves it, so a lock that a panicking thread held still guards consistent data, and
+/// poisoning carries no information.
 #[inline]
 pub(crate) fn lock<M: Lock + ?Sized>(m: &M) -> M::Guard<'_> {
     m.lock_unpoisoned()
