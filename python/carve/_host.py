@@ -138,4 +138,4 @@ def get_device_pointer(array: Any) -> int:
 def mem_get_info(device: Optional[int] = None) -> Tuple[int, int]:
     """``(free, total)`` bytes of ``device`` (None: the device whose context is current on
     this thread, else 0), as PyCUDA's ``mem_get_info`` and CuPy's ``memGetInfo``."""
-    return _carve.mem_get_info(device)
+    return _carve.mem_info(_carve.current_device() if device is None else device)

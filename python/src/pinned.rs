@@ -1,6 +1,6 @@
 //! Page-locked host memory for numpy, as PyCUDA's `pagelocked_empty`: a [`PinnedBuffer`]
 //! exposed through `__array_interface__`, so the array's `base` is this object, which keeps
-//! the memory alive and frees it when collected. Also `mem_get_info`.
+//! the memory alive and frees it when collected.
 
 use std::mem::ManuallyDrop;
 use std::sync::OnceLock;
@@ -195,23 +195,11 @@ impl Drop for PagelockedAllocation {
     }
 }
 
-/// `(free, total)` bytes of `device` (None: the device whose context is current on this
-/// thread, else 0), as PyCUDA's and CuPy's `mem_get_info`.
-#[pyfunction]
-#[pyo3(signature = (device = None))]
-fn mem_get_info(py: Python<'_>, device: Option<usize>) -> PyResult<(usize, usize)> {
-    let m = py
-        .detach(|| device_or_current(device)?.mem_info())
-        .map_err(|e| to_py(e.into()))?;
-    Ok((m.free, m.total))
-}
-
-/// Adds the page-locked allocation class, its flag values and `mem_get_info` to the module.
+/// Adds the page-locked allocation class and its flag values to the module.
 pub fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("HOST_ALLOC_PORTABLE", PORTABLE)?;
     m.add("HOST_ALLOC_DEVICEMAP", DEVICEMAP)?;
     m.add("HOST_ALLOC_WRITECOMBINED", WRITECOMBINED)?;
     m.add_class::<PagelockedAllocation>()?;
-    m.add_function(wrap_pyfunction!(mem_get_info, m)?)?;
     Ok(())
 }
