@@ -27,6 +27,7 @@ fn args(log: &Path, kinds: &[ResourceKind]) -> ReplayArgs {
         maximum_size: None,
         block_size: None,
         headroom: None,
+        small_limit: None,
         mark_every_free: false,
         large_upstream: LargeUpstream::Pool,
         simulate_capacity: Some(1 << 30),

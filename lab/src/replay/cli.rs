@@ -44,6 +44,9 @@ pub struct ReplayArgs {
     /// create chunks rather than move free pages; default 0.05.
     #[arg(long)]
     pub headroom: Option<f64>,
+    /// Expandable: requests up to this size go to the small range (small pages); default 1MiB.
+    #[arg(long, value_parser = parse_size)]
+    pub small_limit: Option<usize>,
     /// Virtual and expandable: while several streams allocate, mark every free and hand blocks
     /// to every stream once the device is past them (less memory, slower frees).
     #[arg(long)]
@@ -89,6 +92,7 @@ impl ReplayArgs {
             maximum_size: self.maximum_size,
             block_size: self.block_size,
             headroom: self.headroom,
+            small_limit: self.small_limit,
             mark_every_free: self.mark_every_free,
             large_upstream: self.large_upstream,
             simulate_capacity: self.simulate_capacity,

@@ -72,6 +72,9 @@ pub struct ResourceOptions {
     pub block_size: Option<usize>,
     /// Expandable: the headroom ([`ExpandableOptions::headroom`]).
     pub headroom: Option<f64>,
+    /// Expandable: the largest request for the small range
+    /// ([`ExpandableOptions::small_limit`]).
+    pub small_limit: Option<usize>,
     /// Virtual and expandable: [`ExpandableOptions::mark_every_free`].
     pub mark_every_free: bool,
     /// Binning: where requests above the largest bin go.
@@ -90,6 +93,7 @@ impl ResourceOptions {
             maximum_size: None,
             block_size: None,
             headroom: None,
+            small_limit: None,
             mark_every_free: false,
             large_upstream: LargeUpstream::Pool,
             simulate_capacity: None,

@@ -235,12 +235,13 @@ fn virtual_options(opts: &ResourceOptions) -> VirtualOptions {
 }
 
 /// `--maximum-size` bounds the physical memory, `--block-size` sets the large pages' size,
-/// `--headroom` the headroom.
+/// `--headroom` the headroom, `--small-limit` the small range's largest request.
 fn expandable_options(opts: &ResourceOptions) -> ExpandableOptions {
     ExpandableOptions {
         maximum: opts.maximum_size,
         large_chunk: opts.block_size,
         headroom: opts.headroom,
+        small_limit: opts.small_limit,
         mark_every_free: opts.mark_every_free,
         ..ExpandableOptions::default()
     }

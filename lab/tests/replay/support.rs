@@ -21,6 +21,7 @@ pub fn args(log: &Path, kind: ResourceKind) -> ReplayArgs {
         maximum_size: None,
         block_size: None,
         headroom: None,
+        small_limit: None,
         mark_every_free: false,
         large_upstream: LargeUpstream::Pool,
         simulate_capacity: None,
