@@ -28,21 +28,15 @@ device's current carve resource. PyTorch's caching statistics are then empty. It
 before PyTorch allocates any CUDA memory.
 
 PyTorch's ``CUDAPluggableAllocator`` does not check the pointer its allocation function returns
-(a null pointer becomes a tensor at address 0). So :func:`use` installs a small C++ shim,
-compiled once against the installed PyTorch's headers with the system C++ compiler and cached
-in carve's per-user cache folder (checked before each load: see ``_checked_alloc_address``),
-that throws ``c10::OutOfMemoryError`` (``torch.OutOfMemoryError``) when carve returns null. If no
-compiler is available it warns and installs carve's functions directly.
+(a null pointer would become a tensor at address 0). So under :func:`use`, when carve refuses
+an allocation, carve's function throws PyTorch's own ``c10::OutOfMemoryError``, found in the
+loaded PyTorch libraries, and PyTorch raises ``torch.OutOfMemoryError`` with carve's message.
+Nothing is compiled at run time.
 """
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import os
-import stat
-import subprocess
-import tempfile
 import warnings
 from contextlib import contextmanager
 from typing import Dict, Iterator, Optional, Tuple
@@ -82,7 +76,6 @@ __all__ = [
 # PyTorch may call a pool's free function until it exits.
 _slots: Dict[int, Tuple[Resource, object]] = {}
 _global: Optional[object] = None
-_shim: Optional[ctypes.CDLL] = None  # the out-of-memory shim, loaded once
 
 
 def slot_of(resource: Resource) -> int:
@@ -147,137 +140,21 @@ def pool(
                 yield p
 
 
-_SHIM = r"""
-#include <c10/util/Exception.h>
-#include <dlfcn.h>
-#include <stdio.h>
-#include <sys/types.h>
-
-#include <string>
-
-namespace {
-using alloc_fn = void* (*)(ssize_t, int, void*);
-using error_fn = const char* (*)();
-alloc_fn carve_alloc = nullptr;
-error_fn carve_error = nullptr;
-}  // namespace
-
-extern "C" int carve_shim_init(const char* lib) {
-  void* h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
-  if (h == nullptr) h = dlopen(lib, RTLD_NOW);
-  if (h == nullptr) return 1;
-  carve_alloc = reinterpret_cast<alloc_fn>(dlsym(h, "carve_torch_alloc"));
-  carve_error = reinterpret_cast<error_fn>(dlsym(h, "carve_last_error"));
-  return carve_alloc != nullptr && carve_error != nullptr ? 0 : 2;
-}
-
-// PyTorch calls this from C++, where exceptions are how allocators report failure. The
-// message is built with snprintf, not TORCH_CHECK's iostreams: those, instantiated here by
-// the system compiler, crashed inside PyTorch 2.11's process (a null locale facet).
-extern "C" void* carve_torch_alloc_or_throw(ssize_t size, int device, void* stream) {
-  void* p = carve_alloc(size, device, stream);
-  if (p == nullptr && size != 0) {
-    char msg[1024];
-    snprintf(msg, sizeof msg, "carve: CUDA out of memory on device %d: %s", device,
-             carve_error());
-    throw c10::OutOfMemoryError(
-        c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-        std::string(msg));
-  }
-  return p;
-}
-"""
-
-
-def _is_private(path: str) -> bool:
-    """True when ``path`` is a regular file (not a link) that this user owns and that neither
-    its group nor others can write."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return (
-        stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o022 == 0
-    )
-
-
-def _sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def _cached_shim(folder: str, name: str) -> Optional[str]:
-    """The shim at ``folder/name`` if it is private and matches the hash recorded beside it
-    when it was built; None otherwise (it is then rebuilt)."""
-    out, digest = os.path.join(folder, name), os.path.join(folder, name + ".sha256")
-    if not (_is_private(out) and _is_private(digest)):
-        return None
-    with open(digest) as f:
-        recorded = f.read().strip()
-    return out if recorded == _sha256(out) else None
-
-
-def _build_shim(folder: str, name: str, abi: int) -> str:
-    """Compiles the shim into ``folder/name`` (and its hash beside it), through files with
-    unpredictable names that are renamed into place."""
-    from torch.utils import cpp_extension
-
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as work:
-        src, lib = os.path.join(work, "shim.cpp"), os.path.join(work, "shim.so")
-        with open(src, "w") as f:
-            f.write(_SHIM)
-        libdirs = cpp_extension.library_paths()
-        cmd = [os.environ.get("CXX", "c++"), "-O2", "-shared", "-fPIC", "-std=c++17",
-               f"-D_GLIBCXX_USE_CXX11_ABI={abi}", src, "-o", lib]
-        cmd += [f"-I{p}" for p in cpp_extension.include_paths()]
-        cmd += [f"-L{p}" for p in libdirs] + [f"-Wl,-rpath,{p}" for p in libdirs]
-        cmd += ["-lc10", "-ldl"]
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
-        os.chmod(lib, 0o700)
-        digest = os.path.join(work, "shim.sha256")
-        with open(digest, "w") as f:
-            f.write(_sha256(lib))
-        out = os.path.join(folder, name)
-        os.replace(lib, out)
-        os.replace(digest, out + ".sha256")
-    return out
-
-
 def _checked_alloc_address() -> Optional[int]:
-    """The address of the shim's throwing allocation function, or None if it cannot be built.
-
-    The shim is cached in carve's per-user cache (``carve._carve.cache_dir()``: owned by this
-    user, writable by no one else) and loaded only if it matches the hash recorded when it was
-    built. If that folder cannot be used, the shim is built in a new private temporary folder.
-    """
-    abi = int(getattr(_torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
-    key = hashlib.sha256(f"{_SHIM}{_torch.__version__}{abi}".encode()).hexdigest()[:16]
-    name = f"torch_oom_shim_{key}.so"
+    """The address of carve's allocation function that throws ``c10::OutOfMemoryError`` when
+    carve refuses, resolved in the loaded PyTorch (no compiler involved); None, with a warning,
+    if this PyTorch build lacks a symbol it needs."""
+    lib = os.path.join(os.path.dirname(_torch.__file__), "lib")
     try:
-        try:
-            folder = _carve.cache_dir()
-        except OSError as e:
-            warnings.warn(
-                f"carve.torch.use: {e}; building the out-of-memory shim in a private "
-                "temporary folder instead",
-                RuntimeWarning,
-                stacklevel=3,
+        return int(
+            _carve.torch_oom_thrower(
+                os.path.join(lib, "libc10.so"), os.path.join(lib, "libc10_cuda.so")
             )
-            folder = tempfile.mkdtemp(prefix="carve-")
-        out = _cached_shim(folder, name) or _build_shim(folder, name, abi)
-        shim = ctypes.CDLL(out)
-        shim.carve_shim_init.argtypes = [ctypes.c_char_p]
-        if shim.carve_shim_init(lib_path().encode()) != 0:
-            raise OSError(f"the shim could not find carve's symbols in {lib_path()}")
-        global _shim
-        _shim = shim
-        return ctypes.cast(shim.carve_torch_alloc_or_throw, ctypes.c_void_p).value
-    except (OSError, subprocess.CalledProcessError) as e:
-        detail = getattr(e, "stderr", "") or str(e)
+        )
+    except OSError as e:
         warnings.warn(
-            "carve.torch.use: could not build the out-of-memory shim (a C++ compiler and "
-            f"PyTorch's headers are needed): {detail.strip()[:500]}. An exhausted carve resource "
-            "will give PyTorch a null pointer instead of raising torch.OutOfMemoryError.",
+            f"carve.torch.use: {e}. An exhausted carve resource will give PyTorch a null "
+            "pointer instead of raising torch.OutOfMemoryError.",
             RuntimeWarning,
             stacklevel=3,
         )

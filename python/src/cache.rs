@@ -1,5 +1,5 @@
-//! carve's per-user cache folder, for files that other tools load: the PTX (`carve.ptx_path()`)
-//! and `carve.torch`'s shim. `CARVE_CACHE_DIR`, else `$XDG_CACHE_HOME/carve`, else
+//! carve's per-user cache folder, for files that other tools load: the PTX (`carve.ptx_path()`).
+//! `CARVE_CACHE_DIR`, else `$XDG_CACHE_HOME/carve`, else
 //! `$HOME/.cache/carve`. It is created `0700` and used only while it is a directory that this
 //! user owns and no one else can write: in a folder others can write, another user could plant
 //! or swap a file between carve's check and its reader's load.

@@ -16,6 +16,7 @@ mod resource;
 mod resource_vm;
 mod scopes;
 mod stream;
+mod torch_oom;
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -73,7 +74,7 @@ fn io_error(e: std::io::Error) -> PyErr {
 }
 
 /// carve's per-user cache folder (created `0700`; refused unless this user owns it and no one
-/// else can write it). `carve.torch` builds its shim there.
+/// else can write it).
 #[pyfunction]
 fn cache_dir(py: Python<'_>) -> PyResult<String> {
     let dir = py.detach(cache::dir).map_err(io_error)?;
@@ -183,6 +184,7 @@ fn _carve(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<scopes::StatisticsScopes>()?;
     m.add_function(wrap_pyfunction!(scopes::make_statistics_scoped, m)?)?;
     m.add_function(wrap_pyfunction!(reinit::reinitialize, m)?)?;
+    m.add_function(wrap_pyfunction!(torch_oom::torch_oom_thrower, m)?)?;
     m.add_function(wrap_pyfunction!(reinit::current_device, m)?)?;
     resource::add_constructors(m)?;
     resource_vm::add_constructors(m)?;

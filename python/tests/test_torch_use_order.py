@@ -60,6 +60,8 @@ def torch_use(monkeypatch):
         monkeypatch.delitem(sys.modules, name, raising=False)
     monkeypatch.delattr(carve, "torch", raising=False)
     mod = importlib.import_module("carve.torch")
+    # Kept for the test of the lookup itself; use() gets the stand-in.
+    monkeypatch.setattr(mod, "_real_checked_alloc_address", mod._checked_alloc_address, raising=False)
     monkeypatch.setattr(mod, "_checked_alloc_address", lambda: None)
     monkeypatch.setattr(mod, "set_current_resource", lambda d, r: log.append(("set", d)))
     yield mod, log
@@ -80,3 +82,19 @@ def test_use_takes_the_drivers_current_device(torch_use, monkeypatch):
     monkeypatch.setattr(mod._carve, "current_device", lambda: 3, raising=False)
     mod.use(object())
     assert log[0] == ("set", 3), log
+
+
+def test_out_of_memory_support_loads_nothing_from_disk(torch_use, monkeypatch, tmp_path):
+    # The throwing allocation function is resolved only in PyTorch libraries already loaded:
+    # a libc10.so beside a torch that did not load it is never opened, and nothing is built.
+    mod, _ = torch_use
+    lib = tmp_path / "torch" / "lib"
+    lib.mkdir(parents=True)
+    for name in ("libc10.so", "libc10_cuda.so"):
+        (lib / name).write_bytes(b"not a library")
+    monkeypatch.setattr(mod._torch, "__file__", str(tmp_path / "torch" / "__init__.py"), raising=False)
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.warns(RuntimeWarning, match="is not loaded"):
+        assert mod._real_checked_alloc_address() is None
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before

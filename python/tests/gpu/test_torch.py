@@ -97,6 +97,14 @@ def test_use_swaps_the_global_allocator():
     assert "torch use: ok" in out
 
 
+def test_use_raises_out_of_memory_with_no_compiler_at_hand():
+    # A C++ compiler that cannot be found: carve.torch.use must still turn an exhausted
+    # resource into torch.OutOfMemoryError.
+    out = run_script("torch_use.py", env={"CXX": "/nonexistent/c++", "CC": "/nonexistent/cc"})
+    assert "torch use: ok" in out
+    assert "warn" not in out.lower(), out
+
+
 def test_use_without_a_device_first_thing_in_a_fresh_process():
     out = run_script("torch_use_current_device.py")
     assert "torch use on the current device: ok" in out

@@ -35,7 +35,11 @@ carve.torch.use(lim, device=0)
 try:
     t = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
 except torch.OutOfMemoryError as e:
-    print(f"OOM raised as torch.OutOfMemoryError: {str(e).splitlines()[0]}")
+    first = str(e).splitlines()[0]
+    print(f"OOM raised as torch.OutOfMemoryError: {first}")
+    if not first.startswith("carve: CUDA out of memory") or "limit is" not in str(e):
+        print("FAIL: the message is not carve's")
+        sys.exit(1)
 except RuntimeError as e:
     print(f"OOM raised as {type(e).__name__} (not torch.OutOfMemoryError): {e}")
     sys.exit(1)
