@@ -16,6 +16,7 @@ mod resource;
 mod resource_vm;
 mod scopes;
 mod stream;
+mod vm_share;
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -186,6 +187,7 @@ fn _carve(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reinit::current_device, m)?)?;
     resource::add_constructors(m)?;
     resource_vm::add_constructors(m)?;
+    vm_share::add(m)?;
     managed::add(m)?;
     pool_limit::add(m)?;
     pinned::add(m)?;
