@@ -30,11 +30,11 @@ pub mod make_vm;
 pub mod registry;
 pub mod slots;
 pub mod stats;
+#[cfg(doctest)]
+mod unsafe_calls;
 pub mod vm_export;
 #[cfg(unix)]
 pub mod vm_share;
-#[cfg(doctest)]
-mod unsafe_calls;
 
 pub use error::{Code, FfiError};
 pub use registry::{Entry, Handle};

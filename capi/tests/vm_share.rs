@@ -31,7 +31,11 @@ fn export(r: carve_resource_t, p: *mut c_void) -> c_int {
     // SAFETY: the outputs are writable.
     let code = unsafe { carve_vm_export_chunk(r, p, &mut fd, &mut start, &mut size) };
     if code != OK {
-        assert_eq!((fd, start, size), (-1, ptr::null_mut(), 0), "outputs written on failure");
+        assert_eq!(
+            (fd, start, size),
+            (-1, ptr::null_mut(), 0),
+            "outputs written on failure"
+        );
     }
     code
 }
@@ -46,7 +50,8 @@ fn alloc(r: carve_resource_t, bytes: usize) -> *mut c_void {
 
 fn free(r: carve_resource_t, p: *mut c_void, bytes: usize) {
     // SAFETY: `p` came from `alloc(r, bytes)` and is freed once.
-    assert_eq!(unsafe { carve_deallocate(r, p, bytes, 256, ptr::null_mut()) }, OK);
+    let code = unsafe { carve_deallocate(r, p, bytes, 256, ptr::null_mut()) };
+    assert_eq!(code, OK);
 }
 
 #[test]
@@ -98,13 +103,20 @@ fn export_refuses_foreign_pointers_other_kinds_and_host_backings() {
     // Other kinds do not export, with a message that says where to export.
     let p = alloc(h, 4096);
     assert_eq!(export(h, p), UNSUPPORTED);
-    assert!(last().contains("a host resource does not export chunks"), "{}", last());
+    assert!(
+        last().contains("a host resource does not export chunks"),
+        "{}",
+        last()
+    );
     free(h, p, 4096);
     // Null, destroyed and forged handles.
     assert_eq!(export(ptr::null_mut(), p), INVALID_HANDLE);
     assert_eq!(carve_resource_destroy(v), OK);
     assert_eq!(export(v, p), INVALID_HANDLE);
-    assert_eq!(export((e as usize ^ (1 << 40)) as carve_resource_t, p), INVALID_HANDLE);
+    assert_eq!(
+        export((e as usize ^ (1 << 40)) as carve_resource_t, p),
+        INVALID_HANDLE
+    );
     assert_eq!(carve_resource_destroy(e), OK);
     assert_eq!(carve_resource_destroy(h), OK);
 }
@@ -134,8 +146,14 @@ fn import_refuses_bad_arguments_and_release_refuses_dead_handles() {
             INVALID_ARGUMENT
         );
         // A descriptor that is no chunk: no device here, or the driver refuses it.
-        assert_ne!(carve_vm_import_chunk(fd, 2 * MIB, 0, &mut chunk, &mut p), OK);
-        assert_ne!(carve_vm_import_chunk(fd, 2 * MIB, -1, &mut chunk, &mut p), OK);
+        assert_ne!(
+            carve_vm_import_chunk(fd, 2 * MIB, 0, &mut chunk, &mut p),
+            OK
+        );
+        assert_ne!(
+            carve_vm_import_chunk(fd, 2 * MIB, -1, &mut chunk, &mut p),
+            OK
+        );
     }
     assert!(chunk.is_null() && p.is_null(), "outputs written on failure");
     assert_eq!(carve_vm_chunk_release(ptr::null_mut()), INVALID_HANDLE);
@@ -148,7 +166,14 @@ fn unknown_virtual_memory_flags_are_refused() {
     let mut out = ptr::null_mut();
     // SAFETY: the output is writable.
     let code = unsafe {
-        carve_virtual_resource_create(0, SIZE_NONE, SIZE_NONE, SIZE_NONE, VM_EXPORTABLE << 1, &mut out)
+        carve_virtual_resource_create(
+            0,
+            SIZE_NONE,
+            SIZE_NONE,
+            SIZE_NONE,
+            VM_EXPORTABLE << 1,
+            &mut out,
+        )
     };
     assert_eq!(code, INVALID_ARGUMENT);
     assert!(last().contains("flags"), "{}", last());

@@ -36,9 +36,8 @@ fn last() -> String {
 fn virtual_resource(flags: u32) -> (i32, carve_resource_t) {
     let mut r = ptr::null_mut();
     // SAFETY: the output is writable.
-    let code = unsafe {
-        carve_virtual_resource_create(0, SIZE_NONE, SIZE_NONE, SIZE_NONE, flags, &mut r)
-    };
+    let code =
+        unsafe { carve_virtual_resource_create(0, SIZE_NONE, SIZE_NONE, SIZE_NONE, flags, &mut r) };
     (code, r)
 }
 
@@ -52,7 +51,8 @@ fn alloc(r: carve_resource_t) -> *mut c_void {
 
 fn free(r: carve_resource_t, p: *mut c_void) {
     // SAFETY: `p` came from `alloc(r)` and nothing uses it any more.
-    assert_eq!(unsafe { carve_deallocate(r, p, LEN, 256, ptr::null_mut()) }, OK);
+    let code = unsafe { carve_deallocate(r, p, LEN, 256, ptr::null_mut()) };
+    assert_eq!(code, OK);
 }
 
 #[test]
@@ -77,7 +77,10 @@ fn a_chunk_exported_through_the_c_abi_is_read_and_written_by_a_child_process() {
     // SAFETY: a new descriptor that carve handed to this caller.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let offset = p as usize - start as usize;
-    assert!(offset + LEN <= size, "a whole-chunk block lies in one chunk");
+    assert!(
+        offset + LEN <= size,
+        "a whole-chunk block lies in one chunk"
+    );
 
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
@@ -145,7 +148,10 @@ fn chunk_child() {
         cu::memset_d8_sync(at, CHILD_BYTE, LEN).unwrap();
     }
     let bad = (0..LEN).find(|&i| host[i] != parent_byte(i));
-    assert_eq!(bad, None, "the parent's bytes, read through the imported chunk");
+    assert_eq!(
+        bad, None,
+        "the parent's bytes, read through the imported chunk"
+    );
     assert_eq!(carve_vm_chunk_release(chunk), OK, "{}", last());
     assert_eq!(carve_vm_chunk_release(chunk), INVALID_HANDLE);
     println!("CHUNK-CHILD-OK");
