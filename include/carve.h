@@ -96,9 +96,13 @@ int carve_logging_adaptor_create(carve_resource_t upstream, const char *path, in
  * ones to pages of large_chunk; headroom: growth above the most bytes ever live, a fraction
  * in [0, 1] (CARVE_HEADROOM_DEFAULT: 0.05). */
 #define CARVE_HEADROOM_DEFAULT (-1.0)
+/* flags of the device constructors: 0, or CARVE_VM_EXPORTABLE for chunks that
+ * carve_vm_export_chunk can hand to other processes (CARVE_ERROR_UNSUPPORTED where the device
+ * has no POSIX file-descriptor handles). Other bits are CARVE_ERROR_INVALID_ARGUMENT. */
+#define CARVE_VM_EXPORTABLE 1u
 int carve_expandable_resource_create(int device, size_t maximum, size_t small_limit,
                                      size_t small_chunk, size_t large_chunk, double headroom,
-                                     carve_resource_t *out);
+                                     unsigned flags, carve_resource_t *out);
 int carve_expandable_host_resource_create(size_t granularity, size_t maximum,
                                           size_t small_limit, size_t small_chunk,
                                           size_t large_chunk, double headroom,
@@ -106,7 +110,7 @@ int carve_expandable_host_resource_create(size_t granularity, size_t maximum,
 /* Whole-chunk virtual memory: chunk_size a power-of-two multiple of the granularity,
  * reserve the address space (four times maximum by default). */
 int carve_virtual_resource_create(int device, size_t maximum, size_t chunk_size, size_t reserve,
-                                  carve_resource_t *out);
+                                  unsigned flags, carve_resource_t *out);
 int carve_virtual_host_resource_create(size_t granularity, size_t maximum, size_t chunk_size,
                                        size_t reserve, carve_resource_t *out);
 /* Allocation inside CUDA graph capture: captured requests come from a pool per capture. */
@@ -136,6 +140,24 @@ int carve_allocate(carve_resource_t r, size_t bytes, size_t alignment, carve_str
                    void **out);
 int carve_deallocate(carve_resource_t r, void *ptr, size_t bytes, size_t alignment,
                      carve_stream_t stream);
+
+/* ---- sharing virtual memory between processes (POSIX) ---- */
+typedef struct carve_chunk_opaque *carve_chunk_t;
+/* The physical chunk holding ptr, a live block of r (a virtual or expandable resource created
+ * with CARVE_VM_EXPORTABLE): *fd gets a new descriptor (the caller's to close; send it to
+ * another process, e.g. with SCM_RIGHTS), *chunk_start and *chunk_size the chunk's range. A
+ * block larger than a chunk spans several: export each. A pointer r did not hand out is
+ * CARVE_ERROR_BAD_POINTER; another resource kind or a backing created without
+ * CARVE_VM_EXPORTABLE is CARVE_ERROR_UNSUPPORTED. */
+int carve_vm_export_chunk(carve_resource_t r, void *ptr, int *fd, void **chunk_start,
+                          size_t *chunk_size);
+/* Maps another process's chunk (fd from carve_vm_export_chunk, size its chunk_size) read-write
+ * on device at *ptr, an address of this process's own. fd stays the caller's. Both processes
+ * see the same memory; order the writes (synchronise before signalling the other process). */
+int carve_vm_import_chunk(int fd, size_t size, int device, carve_chunk_t *out, void **ptr);
+/* Waits for the device, then unmaps the chunk here; the exporter's mapping is untouched.
+ * Releasing twice is CARVE_ERROR_INVALID_HANDLE. */
+int carve_vm_chunk_release(carve_chunk_t chunk);
 
 /* ---- statistics ---- */
 /* Writes min(capacity, total) entries to out and the total to *count (call with out NULL,

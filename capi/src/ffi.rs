@@ -58,7 +58,7 @@ pub(crate) fn device(d: c_int) -> FfiResult<usize> {
     usize::try_from(d).map_err(|_| FfiError::new(Code::NoDevice, format!("device ordinal {d}")))
 }
 
-fn check_out<T>(out: *mut T) -> FfiResult<()> {
+pub(crate) fn check_out<T>(out: *mut T) -> FfiResult<()> {
     if out.is_null() {
         Err(FfiError::invalid("null output pointer"))
     } else {

@@ -4,9 +4,9 @@
 
 #![allow(non_camel_case_types)]
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 
-use crate::error::FfiError;
+use crate::error::{FfiError, FfiResult};
 use crate::ffi::{carve_resource_t, create, create_over, device, opt};
 use crate::make_vm::{ExpandableSizes, VirtualSizes};
 use crate::{make_adapt, make_vm};
@@ -18,6 +18,19 @@ pub type carve_failure_callback_t =
 /// Negative headroom picks the default.
 fn headroom(h: f64) -> Option<f64> {
     (h >= 0.0 || h.is_nan()).then_some(h)
+}
+
+/// `CARVE_VM_EXPORTABLE`: chunks exportable as POSIX file descriptors.
+pub const VM_EXPORTABLE: c_uint = 1;
+
+/// Whether `flags` (of the device virtual-memory constructors) ask for exportable chunks.
+fn exportable(flags: c_uint) -> FfiResult<bool> {
+    if flags & !VM_EXPORTABLE != 0 {
+        return Err(FfiError::invalid(format!(
+            "unknown virtual-memory flags {flags:#x}"
+        )));
+    }
+    Ok(flags & VM_EXPORTABLE != 0)
 }
 
 fn expandable_sizes(
@@ -33,6 +46,7 @@ fn expandable_sizes(
         small_chunk: opt(small_chunk),
         large_chunk: opt(large_chunk),
         headroom: headroom(h),
+        exportable: false,
     }
 }
 
@@ -48,11 +62,16 @@ pub unsafe extern "C" fn carve_expandable_resource_create(
     small_chunk: usize,
     large_chunk: usize,
     headroom: f64,
+    flags: c_uint,
     out: *mut carve_resource_t,
 ) -> c_int {
-    let sizes = expandable_sizes(maximum, small_limit, small_chunk, large_chunk, headroom);
+    let mut sizes = expandable_sizes(maximum, small_limit, small_chunk, large_chunk, headroom);
+    let make = || {
+        sizes.exportable = exportable(flags)?;
+        make_vm::expandable(device(dev)?, &sizes)
+    };
     // SAFETY: forwarded caller contract.
-    unsafe { create(out, || make_vm::expandable(device(dev)?, &sizes)) }
+    unsafe { create(out, make) }
 }
 
 /// `carve_expandable_host_resource_create`.
@@ -79,6 +98,7 @@ fn virtual_sizes(maximum: usize, chunk_size: usize, reserve: usize) -> VirtualSi
         maximum: opt(maximum),
         chunk_size: opt(chunk_size),
         reserve: opt(reserve),
+        exportable: false,
     }
 }
 
@@ -92,11 +112,16 @@ pub unsafe extern "C" fn carve_virtual_resource_create(
     maximum: usize,
     chunk_size: usize,
     reserve: usize,
+    flags: c_uint,
     out: *mut carve_resource_t,
 ) -> c_int {
-    let sizes = virtual_sizes(maximum, chunk_size, reserve);
+    let mut sizes = virtual_sizes(maximum, chunk_size, reserve);
+    let make = || {
+        sizes.exportable = exportable(flags)?;
+        make_vm::virtual_memory(device(dev)?, &sizes)
+    };
     // SAFETY: forwarded caller contract.
-    unsafe { create(out, || make_vm::virtual_memory(device(dev)?, &sizes)) }
+    unsafe { create(out, make) }
 }
 
 /// `carve_virtual_host_resource_create`.

@@ -6,6 +6,9 @@
 //!   package.
 //! - [`make_vm`], [`make_adapt`]: the virtual-memory resources, the graph-safe resource, and
 //!   the aligning, prefetching and failure-callback adaptors.
+//! - [`slots`]: generation-checked handle tables (resources, imported chunks).
+//! - [`vm_export`], [`vm_share`]: exporting a virtual-memory resource's chunks as POSIX file
+//!   descriptors and mapping them in another process.
 //! - [`stats`]: each resource's statistics as name/value pairs.
 //! - [`ffi`]: the `extern "C"` functions; each catches panics, returns an error code and keeps
 //!   a thread-local last-error string.
@@ -25,9 +28,13 @@ pub mod make;
 pub mod make_adapt;
 pub mod make_vm;
 pub mod registry;
+pub mod slots;
 pub mod stats;
 #[cfg(doctest)]
 mod unsafe_calls;
+pub mod vm_export;
+#[cfg(unix)]
+pub mod vm_share;
 
 pub use error::{Code, FfiError};
 pub use registry::{Entry, Handle};

@@ -74,6 +74,7 @@ pub fn async_pool(
         kind: c"async",
         driver_pool: Some(r.handle() as usize),
         resource: Arc::new(r),
+        chunks: None,
     }))
 }
 

@@ -1,6 +1,7 @@
 //! Building the virtual-memory resources (the expandable pool, whole-chunk virtual memory) and
 //! the graph-safe resource, on a device or over host virtual memory (no GPU needed).
 
+use std::ffi::CStr;
 use std::sync::Arc;
 
 use carve::resource::{CudaBackingOptions, ExpandableOptions, VirtualOptions};
@@ -11,6 +12,7 @@ use carve::{
 
 use crate::error::{FfiError, FfiResult};
 use crate::registry::Entry;
+use crate::vm_export::ChunkExporter;
 
 /// The expandable pool's sizes; `None` picks the resource's default.
 #[derive(Clone, Copy, Debug, Default)]
@@ -25,6 +27,8 @@ pub struct ExpandableSizes {
     pub large_chunk: Option<usize>,
     /// Growth allowed above the most bytes ever live, as a fraction of them (0 to 1).
     pub headroom: Option<f64>,
+    /// Chunks exportable as POSIX file descriptors (device only; see [`crate::vm_share`]).
+    pub exportable: bool,
 }
 
 impl ExpandableSizes {
@@ -56,6 +60,8 @@ pub struct VirtualSizes {
     pub chunk_size: Option<usize>,
     /// Bytes of address space reserved.
     pub reserve: Option<usize>,
+    /// Chunks exportable as POSIX file descriptors (device only; see [`crate::vm_share`]).
+    pub exportable: bool,
 }
 
 impl VirtualSizes {
@@ -79,6 +85,26 @@ fn host_backing(_granularity: usize) -> FfiResult<carve::resource::SimulatedBack
     Err(carve::Error::Unsupported("host virtual memory needs Linux".to_owned()).into())
 }
 
+fn backing_options(exportable: bool) -> CudaBackingOptions {
+    CudaBackingOptions {
+        exportable,
+        ..CudaBackingOptions::default()
+    }
+}
+
+/// An entry whose chunks `carve_vm_export_chunk` can export.
+fn exporting<R: ChunkExporter + carve::MemoryResource + Clone + 'static>(
+    kind: &'static CStr,
+    r: R,
+) -> Arc<Entry> {
+    Arc::new(Entry {
+        kind,
+        resource: Arc::new(r.clone()),
+        driver_pool: None,
+        chunks: Some(Arc::new(r)),
+    })
+}
+
 fn need_maximum(maximum: Option<usize>, what: &str) -> FfiResult<()> {
     match maximum {
         Some(_) => Ok(()),
@@ -93,10 +119,10 @@ pub fn expandable(device: usize, sizes: &ExpandableSizes) -> FfiResult<Arc<Entry
     let options = sizes.options()?;
     let r = ExpandableMemoryResource::on_device(
         &Device::get(device)?,
-        CudaBackingOptions::default(),
+        backing_options(sizes.exportable),
         options,
     )?;
-    Ok(Entry::new(c"expandable", Arc::new(r)))
+    Ok(exporting(c"expandable", r))
 }
 
 /// The expandable pool over host virtual memory with pages of `granularity` bytes.
@@ -104,24 +130,24 @@ pub fn expandable_host(granularity: usize, sizes: &ExpandableSizes) -> FfiResult
     let options = sizes.options()?;
     need_maximum(sizes.maximum, "the expandable pool")?;
     let r = ExpandableMemoryResource::new(host_backing(granularity)?, options)?;
-    Ok(Entry::new(c"expandable", Arc::new(r)))
+    Ok(exporting(c"expandable", r))
 }
 
 /// Whole-chunk virtual memory on `device`.
 pub fn virtual_memory(device: usize, sizes: &VirtualSizes) -> FfiResult<Arc<Entry>> {
     let r = VirtualMemoryResource::on_device(
         &Device::get(device)?,
-        CudaBackingOptions::default(),
+        backing_options(sizes.exportable),
         sizes.options(),
     )?;
-    Ok(Entry::new(c"virtual", Arc::new(r)))
+    Ok(exporting(c"virtual", r))
 }
 
 /// Whole-chunk virtual memory over host virtual memory with pages of `granularity` bytes.
 pub fn virtual_host(granularity: usize, sizes: &VirtualSizes) -> FfiResult<Arc<Entry>> {
     need_maximum(sizes.maximum, "virtual memory")?;
     let r = VirtualMemoryResource::new(host_backing(granularity)?, sizes.options())?;
-    Ok(Entry::new(c"virtual", Arc::new(r)))
+    Ok(exporting(c"virtual", r))
 }
 
 /// Allocation that is safe inside CUDA graph capture, over `upstream`.

@@ -1,7 +1,6 @@
 //! Live resources behind opaque handles.
 //!
-//! A handle is `generation << 32 | (slot + 1)`, never 0. Destroying a handle empties its slot
-//! and bumps the slot's generation, so a stale or forged handle fails the lookup with
+//! Handles are [`Slots`] handles: a stale or forged handle fails the lookup with
 //! `CARVE_ERROR_INVALID_HANDLE` instead of reaching freed memory. The registry holds one `Arc`
 //! per handle; adaptors, the current-resource table and outstanding framework blocks hold their
 //! own, so destroying a handle never frees a resource that something still uses.
@@ -12,9 +11,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use carve::SharedResource;
 
 use crate::error::{Code, FfiError, FfiResult};
-
-/// A registry id, as C sees it (cast to `carve_resource_t`).
-pub type Handle = u64;
+pub use crate::slots::Handle;
+use crate::slots::Slots;
+use crate::vm_export::ChunkExporter;
 
 /// One resource: its kind's name and the type-erased resource. Statistics and release go
 /// through the resource's [`carve::MemoryResource`] methods.
@@ -27,6 +26,8 @@ pub struct Entry {
     pub resource: SharedResource,
     /// The driver pool (`CUmemoryPool`) of an async resource, to share with other libraries.
     pub driver_pool: Option<usize>,
+    /// The virtual-memory resource's chunk export (`carve_vm_export_chunk`).
+    pub chunks: Option<Arc<dyn ChunkExporter>>,
 }
 
 impl Entry {
@@ -36,6 +37,7 @@ impl Entry {
             kind,
             resource,
             driver_pool: None,
+            chunks: None,
         })
     }
 
@@ -50,99 +52,44 @@ impl Entry {
     }
 }
 
-struct Slot {
-    generation: u32,
-    entry: Option<Arc<Entry>>,
-}
+static REGISTRY: Mutex<Slots<Arc<Entry>>> = Mutex::new(Slots::new());
 
-#[derive(Default)]
-struct Registry {
-    slots: Vec<Slot>,
-    free: Vec<u32>,
-}
-
-static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
-    slots: Vec::new(),
-    free: Vec::new(),
-});
-
-fn registry() -> MutexGuard<'static, Registry> {
+fn registry() -> MutexGuard<'static, Slots<Arc<Entry>>> {
     // Every critical section is a single slot update, so a poisoned lock holds consistent data.
     REGISTRY.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn split(handle: Handle) -> Option<(usize, u32)> {
-    let index = (handle & 0xFFFF_FFFF).checked_sub(1)?;
-    Some((index as usize, (handle >> 32) as u32))
-}
-
 /// Registers `entry`; returns its new handle.
 pub fn insert(entry: Arc<Entry>) -> FfiResult<Handle> {
-    let mut reg = registry();
-    let index = match reg.free.pop() {
-        Some(i) => i,
-        None => {
-            let i = u32::try_from(reg.slots.len())
-                .ok()
-                .filter(|i| *i < u32::MAX)
-                .ok_or_else(|| FfiError::new(Code::OutOfMemory, "too many live carve handles"))?;
-            reg.slots.push(Slot {
-                generation: 0,
-                entry: None,
-            });
-            i
-        }
-    };
-    let slot = &mut reg.slots[index as usize];
-    slot.entry = Some(entry);
-    Ok((u64::from(slot.generation) << 32) | (u64::from(index) + 1))
+    registry()
+        .insert(entry)
+        .ok_or_else(|| FfiError::new(Code::OutOfMemory, "too many live carve handles"))
 }
 
 /// The entry behind `handle`.
 pub fn get(handle: Handle) -> FfiResult<Arc<Entry>> {
-    let reg = registry();
-    split(handle)
-        .and_then(|(i, generation)| reg.slots.get(i).filter(|s| s.generation == generation))
-        .and_then(|s| s.entry.clone())
+    registry()
+        .get(handle)
+        .cloned()
         .ok_or_else(|| invalid(handle))
 }
 
 /// Forgets `handle`; the resource lives on while anything else holds it.
 pub fn remove(handle: Handle) -> FfiResult<Arc<Entry>> {
-    let mut reg = registry();
-    let Some((i, generation)) = split(handle) else {
-        return Err(invalid(handle));
-    };
-    let entry = reg
-        .slots
-        .get_mut(i)
-        .filter(|s| s.generation == generation)
-        .and_then(|s| {
-            s.generation = s.generation.wrapping_add(1);
-            s.entry.take()
-        })
-        .ok_or_else(|| invalid(handle))?;
-    reg.free.push(i as u32);
-    Ok(entry)
+    registry().remove(handle).ok_or_else(|| invalid(handle))
 }
 
 /// A live entry that allocates through `resource`, if a handle names one.
 pub fn find(resource: &SharedResource) -> Option<Arc<Entry>> {
     registry()
-        .slots
-        .iter()
-        .filter_map(|s| s.entry.as_ref())
+        .values()
         .find(|e| e.same_resource(resource))
         .cloned()
 }
 
 /// Number of live handles (for tests and leak checks).
 pub fn live() -> usize {
-    registry()
-        .slots
-        .iter()
-        .filter(|s| s.entry.is_some())
-        .count()
+    registry().values().count()
 }
 
 fn invalid(handle: Handle) -> FfiError {

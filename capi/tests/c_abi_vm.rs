@@ -141,12 +141,21 @@ fn bad_virtual_memory_options_are_typed_errors() {
         );
         // Negative device ordinals.
         assert_eq!(
-            carve_expandable_resource_create(-1, none, none, none, none, -1.0, &mut out),
+            carve_expandable_resource_create(-1, none, none, none, none, -1.0, 0, &mut out),
             NO_DEVICE
         );
         assert_eq!(
-            carve_virtual_resource_create(-1, none, none, none, &mut out),
+            carve_virtual_resource_create(-1, none, none, none, VM_EXPORTABLE, &mut out),
             NO_DEVICE
+        );
+        // Unknown flags, refused before any device is asked for.
+        assert_eq!(
+            carve_expandable_resource_create(0, none, none, none, none, -1.0, 2, &mut out),
+            INVALID_ARGUMENT
+        );
+        assert_eq!(
+            carve_virtual_resource_create(0, none, none, none, 1 << 31, &mut out),
+            INVALID_ARGUMENT
         );
     }
     assert!(out.is_null());

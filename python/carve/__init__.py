@@ -17,6 +17,7 @@ from . import _carve
 from ._carve import (
     DeviceBuffer,
     DeviceHeap,
+    ImportedChunk,
     deferred_error_count,
     device_count,
     is_available,
@@ -101,6 +102,7 @@ __all__ = [
     "FixedSizeResource",
     "GraphSafeResource",
     "HostResource",
+    "ImportedChunk",
     "InvalidArgumentError",
     "InvalidHandleError",
     "LimitingAdaptor",

@@ -4,7 +4,7 @@ Rust: an adaptor or suballocator takes its upstream as its first argument and ke
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 from . import _carve, _errors
 from ._counts import Statistics
@@ -300,10 +300,27 @@ class LoggingAdaptor(Resource):
 
 
 
-class ExpandableResource(Resource):
+class _ExportsChunks(Resource):
+    """A virtual-memory resource whose physical chunks other processes can map."""
+
+    __slots__ = ()
+
+    def export_chunk(self, ptr: int) -> Tuple[int, int, int]:
+        """``(fd, chunk_start, chunk_size)``: a new POSIX file descriptor for the physical chunk
+        holding ``ptr`` (a live block of this resource), and the chunk's range. Send ``fd`` to
+        another process (``subprocess``'s ``pass_fds``, ``socket.send_fds``), which maps it with
+        :class:`carve.ImportedChunk` ``(fd, chunk_size)``; close it here with ``os.close``. The
+        block lies at ``ptr - chunk_start`` in the chunk; a block larger than a chunk spans
+        several. Needs a resource created with ``exportable=True`` (else
+        :class:`UnsupportedError`); a pointer it did not hand out is :class:`BadPointerError`."""
+        return _carve.vm_export_chunk(self._r, ptr)
+
+
+class ExpandableResource(_ExportsChunks):
     """The expandable pool (PyTorch's ``expandable_segments``) on ``device``: blocks share
     pages of virtual memory mapped as needed, so fragmentation does not strand memory. Sizes
-    left None take the defaults (``maximum_size``: the device's memory). :meth:`over_host`
+    left None take the defaults (``maximum_size``: the device's memory). ``exportable=True``
+    creates chunks that :meth:`export_chunk` can hand to other processes. :meth:`over_host`
     builds one over host virtual memory (no GPU needed)."""
 
     __slots__ = ()
@@ -316,8 +333,11 @@ class ExpandableResource(Resource):
         small_chunk: Optional[int] = None,
         large_chunk: Optional[int] = None,
         headroom: Optional[float] = None,
+        exportable: bool = False,
     ) -> None:
-        raw = _carve.make_expandable(device, maximum_size, small_limit, small_chunk, large_chunk, headroom)
+        raw = _carve.make_expandable(
+            device, maximum_size, small_limit, small_chunk, large_chunk, headroom, exportable
+        )
         super().__init__(raw)
 
     @classmethod
@@ -337,8 +357,9 @@ class ExpandableResource(Resource):
         return cls._wrap(raw)  # type: ignore[return-value]
 
 
-class VirtualMemoryResource(Resource):
+class VirtualMemoryResource(_ExportsChunks):
     """Whole-chunk virtual memory on ``device`` (the driver's ``cuMemCreate`` / ``cuMemMap``).
+    ``exportable=True`` creates chunks that :meth:`export_chunk` can hand to other processes.
     :meth:`over_host` builds one over host virtual memory (no GPU needed)."""
 
     __slots__ = ()
@@ -349,8 +370,9 @@ class VirtualMemoryResource(Resource):
         maximum_size: Optional[int] = None,
         chunk_size: Optional[int] = None,
         reserve: Optional[int] = None,
+        exportable: bool = False,
     ) -> None:
-        super().__init__(_carve.make_virtual(device, maximum_size, chunk_size, reserve))
+        super().__init__(_carve.make_virtual(device, maximum_size, chunk_size, reserve, exportable))
 
     @classmethod
     def over_host(

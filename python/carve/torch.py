@@ -15,6 +15,16 @@ runs on autograd's worker threads by default, so its tensors would otherwise lan
 default pool, which then reserves segments of its own beside the carve-backed ones.
 :func:`mem_pool` gives the pool alone, for ``torch.cuda.use_mem_pool``.
 
+:func:`graph_pool` gives a ``MemPool`` for CUDA graph capture (allocation during capture is
+served by a :class:`~carve.GraphSafeResource`, so the graph bakes in carve addresses that stay
+valid for every replay)::
+
+    pool = carve.torch.graph_pool(carve.PoolResource(carve.CudaResource(0), 1 << 30))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool.id):
+        y = model(static_x)
+    g.replay()
+
 Megatron's unified-memory functions run on carve's managed resource, with Megatron's names
 and signatures: :func:`create_unified_mempool`, :func:`prefetch_managed_tensor`,
 :func:`advise_managed_tensor_preferred_location`, :func:`advise_managed_tensor_accessed_by`,
@@ -39,12 +49,12 @@ from __future__ import annotations
 import os
 import warnings
 from contextlib import contextmanager
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch as _torch
 
 from . import _carve, lib_path
-from ._resources import Resource, set_current_resource
+from ._resources import GraphSafeResource, Resource, get_current_resource, set_current_resource
 from ._torch_unified import (
     UnifiedMemoryUnsupportedError,
     advise_managed_module_parameters_preferred_location,
@@ -59,6 +69,7 @@ from ._torch_unified import (
 __all__ = [
     "pool",
     "mem_pool",
+    "graph_pool",
     "use",
     "pluggable_allocator",
     "slot_of",
@@ -109,6 +120,45 @@ def mem_pool(resource: Resource, **kwargs: object) -> "_torch.cuda.MemPool":
     go to ``MemPool`` (e.g. ``use_on_oom``). Use it with ``torch.cuda.use_mem_pool(pool)``."""
     alloc = pluggable_allocator(resource)
     return _torch.cuda.MemPool(alloc.allocator(), **kwargs)  # type: ignore[attr-defined]
+
+
+# (upstream, its GraphSafeResource): one graph-safe resource, and so one slot, per upstream.
+_graph_safe: List[Tuple[Resource, GraphSafeResource]] = []
+
+
+def graph_pool(
+    resource: Optional[Resource] = None, device: Optional[int] = None, **kwargs: object
+) -> "_torch.cuda.MemPool":
+    """A ``torch.cuda.MemPool`` for CUDA graph capture: pass its ``id`` as
+    ``torch.cuda.graph(g, pool=p.id)`` and the tensors the capture creates come from carve.
+
+    PyTorch asks the pool for segments on the capturing stream; a :class:`GraphSafeResource`
+    serves them from a private pool of that capture, grown from its upstream with the capture
+    mode relaxed, so nothing is recorded into the graph and the addresses stay valid for every
+    replay. Over an upstream that already holds the memory (a :class:`PoolResource` with an
+    ``initial_size``) the capture makes no driver allocation at all.
+
+    ``resource``: a :class:`GraphSafeResource` is used as is; another device resource is
+    wrapped in one (the same one on every call); None wraps the current carve resource of
+    ``device`` (default: PyTorch's current device). The upstream should allocate synchronously
+    (not :class:`AsyncResource`, whose stream-ordered allocation capture would record). Keep
+    the pool while its graphs live. Extra keyword arguments go to ``MemPool``."""
+    if resource is None:
+        dev = _torch.cuda.current_device() if device is None else device
+        resource = get_current_resource(dev)
+    elif not isinstance(resource, Resource):
+        raise TypeError(f"expected a carve resource, got {type(resource).__name__}")
+    if not resource.device_accessible:
+        raise ValueError(f"graph_pool needs a device resource, not a {resource.kind} resource")
+    if not isinstance(resource, GraphSafeResource):
+        upstream = resource
+        found = [g for u, g in _graph_safe if u._r.same_as(upstream._r)]
+        if found:
+            resource = found[0]
+        else:
+            resource = GraphSafeResource(upstream)
+            _graph_safe.append((upstream, resource))
+    return mem_pool(resource, **kwargs)
 
 
 def create_unified_mempool() -> "_torch.cuda.MemPool":

@@ -17,6 +17,7 @@ mod resource_vm;
 mod scopes;
 mod stream;
 mod torch_oom;
+mod vm_share;
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -188,6 +189,7 @@ fn _carve(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reinit::current_device, m)?)?;
     resource::add_constructors(m)?;
     resource_vm::add_constructors(m)?;
+    vm_share::add(m)?;
     managed::add(m)?;
     pool_limit::add(m)?;
     pinned::add(m)?;

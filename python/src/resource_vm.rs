@@ -11,10 +11,11 @@ use carve_capi::{make_adapt, make_vm};
 
 use crate::resource::{made, Resource};
 
-/// The expandable pool on `device`.
+/// The expandable pool on `device`; `exportable`: chunks can be exported to other processes.
 #[pyfunction]
 #[pyo3(signature = (device = 0, maximum = None, small_limit = None, small_chunk = None,
-    large_chunk = None, headroom = None))]
+    large_chunk = None, headroom = None, exportable = false))]
+#[allow(clippy::too_many_arguments)]
 fn make_expandable(
     py: Python<'_>,
     device: usize,
@@ -23,6 +24,7 @@ fn make_expandable(
     small_chunk: Option<usize>,
     large_chunk: Option<usize>,
     headroom: Option<f64>,
+    exportable: bool,
 ) -> PyResult<Resource> {
     let sizes = ExpandableSizes {
         maximum,
@@ -30,6 +32,7 @@ fn make_expandable(
         small_chunk,
         large_chunk,
         headroom,
+        exportable,
     };
     made(py, || make_vm::expandable(device, &sizes))
 }
@@ -53,24 +56,29 @@ fn make_expandable_host(
         small_chunk,
         large_chunk,
         headroom,
+        exportable: false,
     };
     made(py, || make_vm::expandable_host(granularity, &sizes))
 }
 
-/// Whole-chunk virtual memory on `device`.
+/// Whole-chunk virtual memory on `device`; `exportable`: chunks can be exported to other
+/// processes.
 #[pyfunction]
-#[pyo3(signature = (device = 0, maximum = None, chunk_size = None, reserve = None))]
+#[pyo3(signature = (device = 0, maximum = None, chunk_size = None, reserve = None,
+    exportable = false))]
 fn make_virtual(
     py: Python<'_>,
     device: usize,
     maximum: Option<usize>,
     chunk_size: Option<usize>,
     reserve: Option<usize>,
+    exportable: bool,
 ) -> PyResult<Resource> {
     let sizes = VirtualSizes {
         maximum,
         chunk_size,
         reserve,
+        exportable,
     };
     made(py, || make_vm::virtual_memory(device, &sizes))
 }
@@ -89,6 +97,7 @@ fn make_virtual_host(
         maximum: Some(maximum),
         chunk_size,
         reserve,
+        exportable: false,
     };
     made(py, || make_vm::virtual_host(granularity, &sizes))
 }

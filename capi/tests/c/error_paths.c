@@ -45,6 +45,20 @@ int main(void) {
     carve_cupy_free((intptr_t)pool, c, 0);
     CHECK(carve_framework_outstanding() == 0);
 
+    /* Chunk sharing: only virtual-memory resources export; bad handles and outputs. */
+    int fd = -1;
+    void *start = NULL;
+    size_t chunk = 0;
+    CHECK(carve_allocate(pool, 4096, 256, NULL, &p) == CARVE_OK);
+    CHECK(carve_vm_export_chunk(pool, p, &fd, &start, &chunk) == CARVE_ERROR_UNSUPPORTED);
+    CHECK(carve_vm_export_chunk(pool, p, NULL, &start, &chunk) == CARVE_ERROR_INVALID_ARGUMENT);
+    CHECK(carve_vm_export_chunk(NULL, p, &fd, &start, &chunk) == CARVE_ERROR_INVALID_HANDLE);
+    CHECK(carve_deallocate(pool, p, 4096, 256, NULL) == CARVE_OK);
+    carve_chunk_t imported = NULL;
+    CHECK(carve_vm_import_chunk(-1, 1 << 21, 0, &imported, &p) == CARVE_ERROR_INVALID_ARGUMENT);
+    CHECK(carve_vm_chunk_release(NULL) == CARVE_ERROR_INVALID_HANDLE);
+    CHECK(fd == -1 && imported == NULL);
+
     CHECK(carve_resource_destroy(stats) == CARVE_OK);
     CHECK(carve_resource_destroy(stats) == CARVE_ERROR_INVALID_HANDLE);
     CHECK(carve_allocate(stats, 64, 256, NULL, &p) == CARVE_ERROR_INVALID_HANDLE);

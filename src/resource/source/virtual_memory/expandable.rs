@@ -228,6 +228,17 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
         Ok(self.small.trim()? + self.large.trim()?)
     }
 
+    /// As [`VirtualMemoryResource::export_chunk`], for a block of either range: a descriptor
+    /// for the physical chunk holding `ptr`, its start and its size (the small or the large
+    /// page). Needs a backing created exportable ([`CudaBackingOptions::exportable`]).
+    #[cfg(unix)]
+    pub fn export_chunk(&self, ptr: NonNull<u8>) -> Result<(std::os::fd::OwnedFd, usize, usize)> {
+        match self.small.export_chunk(ptr) {
+            Err(Error::UnknownPointer { .. }) => self.large.export_chunk(ptr),
+            r => r,
+        }
+    }
+
     /// Checks both ranges, and that the chunks counted are the pages mapped.
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         self.small.check_invariants()?;

@@ -92,3 +92,20 @@ fn headroom_must_be_a_fraction() {
         assert!(matches!(e, Error::InvalidArgument(_)), "{h}: {e}");
     }
 }
+
+#[test]
+#[cfg(unix)]
+fn export_finds_blocks_of_either_range_and_refuses_foreign_pointers() {
+    let r = pool(256 * MIB, 0.05);
+    let small = take(&r, MAIN, 4096);
+    let large = take(&r, MAIN, 8 * MIB);
+    // The simulated backing exports nothing: a block of either range reaches it.
+    for p in [small, large] {
+        let e = r.export_chunk(NonNull::new(p as *mut u8).unwrap());
+        assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
+    }
+    let e = r.export_chunk(NonNull::new((large + 256 * MIB) as *mut u8).unwrap());
+    assert!(matches!(e, Err(Error::UnknownPointer { .. })), "{e:?}");
+    give(&r, MAIN, small, 4096);
+    give(&r, MAIN, large, 8 * MIB);
+}
