@@ -28,6 +28,7 @@ NAMES = {
     "native": "PyTorch caching allocator (native)",
     "native-mempool": "PyTorch MemPool, no carve, backward on the calling thread (control)",
     "carve-use-expandable": "carve.torch.use(ExpandableResource)",
+    "carve-use-one-range": "carve.torch.use(ExpandableResource(small_limit=any size)): one range of 2 MiB pages",
     "carve-use": "carve.torch.use(PoolResource(CudaResource))",
     "carve-pool-expandable": "carve.torch.pool(ExpandableResource)",
     "carve-pool": "carve.torch.pool(PoolResource(CudaResource))",
@@ -40,7 +41,7 @@ CONFIGS = list(NAMES)
 def held_by_carve(config, base, counted):
     """Peak bytes carve's resource took from the driver: the expandable pool's mapped pages,
     else the peak of the counting adaptor under the pool or over the driver resource."""
-    if config.endswith("expandable"):
+    if config.endswith("expandable") or config.endswith("one-range"):
         return int(base.stats()["peak_physical"])
     return int(counted.stats()["peak_bytes"])
 
@@ -91,8 +92,10 @@ def child(config, steps, warmup, opts):
         counted = carve.StatisticsAdaptor(carve.CudaResource(0))
         base = carve.PoolResource(counted)
         carve.torch.use(base)
-    elif config == "carve-use-expandable":
+    elif config in ("carve-use-expandable", "carve-use-one-range"):
         base = expandable(carve, opts)
+        if config == "carve-use-one-range":
+            base = carve.ExpandableResource(0, small_limit=1 << 50, headroom=opts.headroom)
         counted = carve.StatisticsAdaptor(base)  # its peak is the logical peak
         carve.torch.use(counted)
     elif config == "carve-pool":

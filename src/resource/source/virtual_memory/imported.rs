@@ -3,7 +3,7 @@
 //! into this process.
 
 use std::fmt;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
 
 use super::backing::{PhysicalBacking, PhysicalHandle};
@@ -46,6 +46,16 @@ impl ImportedChunk {
                  granularity ({grain})"
             )));
         }
+        // The driver takes the descriptor as a pointer-sized handle, and reads 0 as none given.
+        let copy;
+        let fd = if fd.as_raw_fd() == 0 {
+            copy = fd.try_clone_to_owned().map_err(|e| {
+                Error::InvalidArgument(format!("ImportedChunk: duplicating descriptor 0: {e}"))
+            })?;
+            copy.as_fd()
+        } else {
+            fd
+        };
         let handle = backing.import_fd(fd)?;
         let va = match backing.reserve(size, grain) {
             Ok(va) => va,
