@@ -30,6 +30,7 @@ NAMES = {
     "carve-use-expandable": "carve.torch.use(ExpandableResource)",
     "carve-use-one-range": "carve.torch.use(ExpandableResource(small_limit=any size)): one range of 2 MiB pages",
     "carve-use": "carve.torch.use(PoolResource(CudaResource))",
+    "carve-pool-one-range": "carve.torch.pool(ExpandableResource(small_limit=any size)): one range of 2 MiB pages",
     "carve-pool-expandable": "carve.torch.pool(ExpandableResource)",
     "carve-pool": "carve.torch.pool(PoolResource(CudaResource))",
     "carve-cuda": "carve.torch.pool(CudaResource)",
@@ -103,6 +104,8 @@ def child(config, steps, warmup, opts):
         base = carve.PoolResource(counted)
     elif config == "carve-pool-expandable":
         base = expandable(carve, opts)
+    elif config == "carve-pool-one-range":
+        base = carve.ExpandableResource(0, small_limit=1 << 50, headroom=opts.headroom)
     elif config != "native":
         base = carve.CudaResource(0) if config == "carve-cuda" else carve.AsyncResource(0)
         counted = carve.StatisticsAdaptor(base)
