@@ -8,6 +8,11 @@ class CarveError(Exception):
 class OutOfMemoryError(CarveError, MemoryError):
     """The resource could not satisfy the request."""
 
+    def __new__(cls, *args: object, **kwargs: object) -> "OutOfMemoryError":
+        # ``OutOfMemoryError.__new__`` would otherwise be MemoryError's, which refuses this
+        # class; tblib (Dask's exception pickling) rebuilds exceptions through it.
+        return CarveError.__new__(cls, *args, **kwargs)
+
 
 class InvalidArgumentError(CarveError, ValueError):
     """A zero size, a bad alignment, an overflowing size, or another bad argument."""
