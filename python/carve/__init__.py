@@ -1,6 +1,7 @@
 """carve: composable, stream-ordered CUDA memory resources (the role of RAPIDS RMM), with
 allocators for PyTorch (:mod:`carve.torch`), CuPy (:mod:`carve.cupy`) and Numba
-(:mod:`carve.numba`), and device heaps that kernels allocate from (:class:`DeviceHeap`).
+(:mod:`carve.numba`), a Dask worker plugin (:mod:`carve.dask`), and device heaps that kernels
+allocate from (:class:`DeviceHeap`).
 
 >>> import carve
 >>> pool = carve.PoolResource(carve.CudaResource(0), initial_size=1 << 30)

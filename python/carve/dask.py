@@ -135,8 +135,13 @@ class CarveSetup(WorkerPlugin):
     ``external_lib_list`` names the libraries pointed at the device's current carve resource:
     "cupy" (``cupy.cuda.set_allocator``) and "torch" (:func:`carve.torch.use`, which must come
     before PyTorch allocates). None: CuPy when it is installed, PyTorch when the worker has
-    imported it, each skipped with a warning when it cannot be hooked; a list: exactly those,
-    and an error when one cannot be hooked.
+    imported it, both only over a device resource on a CUDA device, and a failure to hook
+    either is a warning; a list: exactly those, and a failure is an error.
+
+    On each worker, after setup: ``device`` (the CUDA device, None without one),
+    ``built_resource`` (the top of the stack), ``statistics_adaptor``, ``log_file`` and
+    ``hooked`` (the libraries pointed at carve); the worker keeps the plugin in
+    ``worker.plugins["carve"]``.
 
     Bad options raise on the client when the plugin is built (:class:`carve.InvalidArgumentError`
     or ``TypeError``); errors on a worker (a size the device cannot hold, no device) reach the
@@ -198,6 +203,11 @@ class CarveSetup(WorkerPlugin):
         if self.maximum_pool_size is not None and self.pool_size is None and not self.expandable:
             raise InvalidArgumentError(
                 "maximum_pool_size was given without pool_size; pool_size makes the pool"
+            )
+        small, large = self.pool_size, self.maximum_pool_size
+        if isinstance(small, int) and isinstance(large, int) and large < small:
+            raise InvalidArgumentError(
+                f"maximum_pool_size {large} is below pool_size {small}"
             )
         if self.release_threshold is not None and not self.async_alloc:
             raise InvalidArgumentError("release_threshold needs async_alloc")

@@ -41,6 +41,12 @@ PATH="$(cd "$venv/bin" && pwd):$PATH" CARGO_TARGET_DIR="$root/target/python" "$v
 # pytest for the GPU machine in case it lacks it (it has no network).
 "$venv/bin/pip" download -q -d "$out/deps" --only-binary=:all: --python-version 3.9 pytest exceptiongroup tomli \
   || echo "warning: could not download pytest; the GPU machine must have it" >&2
+# dask and distributed (with their dependencies) for carve.dask's GPU test: the GPU machine's
+# Python is 3.12 and lacks them. python3's own pip: the build venv's may be broken.
+python3 -m pip download -q -d "$out/deps" --only-binary=:all: --python-version 3.12 \
+  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 dask distributed \
+  || echo "warning: could not download dask; carve.dask's GPU test will fail there" >&2
 
 cp -r python/tests "$out/python/"
 cp -r include "$out/"
@@ -61,6 +67,7 @@ site=$(mktemp -d)
 $py -m pip install -q --no-index --no-deps --no-compile --target "$site" wheels/carve-*.whl || exit 1
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 $py -c 'import pytest' 2>/dev/null || $py -m pip install -q --no-index --find-links deps pytest || exit 1
+$py -c 'import dask, distributed' 2>/dev/null || $py -m pip install -q --no-index --find-links deps dask distributed || exit 1
 $py -c 'import torch, cupy, numba; print("torch", torch.__version__, "| cupy", cupy.__version__, "| numba", numba.__version__)'
 export CARVE_REQUIRE_GPU=1 PYTHONDONTWRITEBYTECODE=1
 $py -m pytest -q -rs -p no:cacheprovider python/tests

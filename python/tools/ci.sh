@@ -12,4 +12,6 @@ cd "$root"
 venv=${CARVE_CI_VENV:-target/ci-venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q ./python pytest numpy
+# carve.dask's test runs a real distributed.LocalCluster.
+"$venv/bin/python" -c 'import dask, distributed' 2>/dev/null || "$venv/bin/pip" install -q dask distributed
 "$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests
