@@ -138,13 +138,19 @@ def test_replacing_the_plugin_restores_nothing_stale(client):
         (dict(release_threshold="1GiB"), carve.InvalidArgumentError),
         (dict(external_lib_list=["numba"]), carve.InvalidArgumentError),
         (dict(statistics="yes"), TypeError),
-        (dict(resource=carve.HostResource()), TypeError),
         (dict(log_directory=3), TypeError),
     ],
 )
 def test_bad_options_raise_on_the_client(options, error):
     with pytest.raises(error):
         CarveSetup(**options)
+
+
+def test_a_resource_in_place_of_a_factory_is_a_type_error():
+    # Built here, not in a parameter list: a resource made at collection would stay live for
+    # the whole session.
+    with pytest.raises(TypeError, match="factory"):
+        CarveSetup(resource=carve.HostResource())
 
 
 @pytest.mark.parametrize("error", [getattr(carve, n) for n in carve.__all__ if n.endswith("Error")])
