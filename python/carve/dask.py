@@ -206,9 +206,7 @@ class CarveSetup(WorkerPlugin):
             )
         small, large = self.pool_size, self.maximum_pool_size
         if isinstance(small, int) and isinstance(large, int) and large < small:
-            raise InvalidArgumentError(
-                f"maximum_pool_size {large} is below pool_size {small}"
-            )
+            raise InvalidArgumentError(f"maximum_pool_size {large} is below pool_size {small}")
         if self.release_threshold is not None and not self.async_alloc:
             raise InvalidArgumentError("release_threshold needs async_alloc")
         self._reset()
