@@ -42,10 +42,8 @@ fn allocation_at(dev: &Device, addr: usize) -> (u32, usize, usize) {
     let r = unsafe { sys::cuMemGetAllocationPropertiesFromHandle(&mut prop, handle) };
     assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
     // SAFETY: retained above, released once.
-    assert_eq!(
-        unsafe { sys::cuMemRelease(handle) },
-        sys::CUresult::CUDA_SUCCESS
-    );
+    let r = unsafe { sys::cuMemRelease(handle) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
     (prop.requestedHandleTypes.0, base as usize, size)
 }
 
@@ -119,12 +117,9 @@ fn announced_segments_are_whole_exportable_allocations() {
     assert_eq!(gone.iter().map(|e| e.size).sum::<usize>(), trimmed);
     assert!(gone.iter().all(|e| e.change == SegmentChange::Unmapped));
     assert_eq!(r.segment_callback_panics(), 0);
-    let v = VirtualMemoryResource::on_device(
-        &dev,
-        nccl_backing(Fabric::Off),
-        VirtualOptions::new(),
-    )
-    .unwrap();
+    let v =
+        VirtualMemoryResource::on_device(&dev, nccl_backing(Fabric::Off), VirtualOptions::new())
+            .unwrap();
     let p = v.allocate_sync(MIB, 256).unwrap();
     let (types, _, _) = allocation_at(&dev, p.as_ptr() as usize);
     assert_eq!(types, 1, "descriptors only without fabric");

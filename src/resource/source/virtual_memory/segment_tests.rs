@@ -295,8 +295,8 @@ fn threads_see_their_chunks_announced_before_their_blocks() {
                         let last = (p + bytes - 1 - r.base()) / PAGE;
                         assert!((first..=last).all(|i| set.contains(&(r.base() + i * PAGE))));
                     }
-                    // SAFETY: simulated memory; the block came from `r` with `bytes`.
                     let q = NonNull::new(p as *mut u8).unwrap();
+                    // SAFETY: simulated memory; the block came from `r` with `bytes`.
                     unsafe { r.deallocate(stream, q, bytes, 256) }.unwrap();
                     if k % 50 == 49 {
                         r.trim().unwrap();
