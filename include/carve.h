@@ -96,10 +96,19 @@ int carve_logging_adaptor_create(carve_resource_t upstream, const char *path, in
  * ones to pages of large_chunk; headroom: growth above the most bytes ever live, a fraction
  * in [0, 1] (CARVE_HEADROOM_DEFAULT: 0.05). */
 #define CARVE_HEADROOM_DEFAULT (-1.0)
-/* flags of the device constructors: 0, or CARVE_VM_EXPORTABLE for chunks that
+/* flags of the device constructors, or-ed: CARVE_VM_EXPORTABLE for chunks that
  * carve_vm_export_chunk can hand to other processes (CARVE_ERROR_UNSUPPORTED where the device
- * has no POSIX file-descriptor handles). Other bits are CARVE_ERROR_INVALID_ARGUMENT. */
+ * has no POSIX file-descriptor handles); CARVE_VM_FABRIC for chunks with fabric handles too
+ * (multi-node NVLink; CARVE_ERROR_UNSUPPORTED where the device cannot create them, e.g. no
+ * IMEX channel), or CARVE_VM_FABRIC_WHERE_SUPPORTED for them only where it can, as NCCL
+ * chooses; CARVE_VM_RECOMMENDED_GRANULARITY for chunks at the driver's recommended rather than
+ * minimum granularity. Memory to register with NCCL: CARVE_VM_EXPORTABLE |
+ * CARVE_VM_FABRIC_WHERE_SUPPORTED | CARVE_VM_RECOMMENDED_GRANULARITY. Other bits, or both
+ * fabric flags, are CARVE_ERROR_INVALID_ARGUMENT. */
 #define CARVE_VM_EXPORTABLE 1u
+#define CARVE_VM_FABRIC 2u
+#define CARVE_VM_RECOMMENDED_GRANULARITY 4u
+#define CARVE_VM_FABRIC_WHERE_SUPPORTED 8u
 int carve_expandable_resource_create(int device, size_t maximum, size_t small_limit,
                                      size_t small_chunk, size_t large_chunk, double headroom,
                                      unsigned flags, carve_resource_t *out);
@@ -158,6 +167,19 @@ int carve_vm_import_chunk(int fd, size_t size, int device, carve_chunk_t *out, v
 /* Waits for the device, then unmaps the chunk here; the exporter's mapping is untouched.
  * Releasing twice is CARVE_ERROR_INVALID_HANDLE. */
 int carve_vm_chunk_release(carve_chunk_t chunk);
+
+/* ---- following a virtual-memory resource's mappings (NCCL, NIXL registration) ---- */
+/* mapped: 1 for a chunk just mapped (with access granted), 0 for one unmapped. */
+typedef void (*carve_segment_callback_t)(void *user, void *ptr, size_t size, int mapped);
+/* Calls fn(user, chunk, chunk_size, 1) for every chunk r (a virtual or expandable resource,
+ * device or host) has mapped now and maps from now on, before a block on it is handed out, and
+ * fn(user, chunk, chunk_size, 0) for each it unmaps (after the unmap, with no live block or
+ * queued work on it; at destruction, before). fn NULL removes the callback. fn runs outside
+ * r's lock, on the thread whose call caused the change or one waiting for it, one call at a
+ * time; it may allocate from r, must not wait for another thread that uses r, and must not
+ * throw. user must be usable from any thread while the callback is set. Other resource kinds
+ * are CARVE_ERROR_UNSUPPORTED. */
+int carve_vm_set_segment_callback(carve_resource_t r, carve_segment_callback_t fn, void *user);
 
 /* ---- statistics ---- */
 /* Writes min(capacity, total) entries to out and the total to *count (call with out NULL,

@@ -6,6 +6,8 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
+use carve::resource::{Fabric, Granularity};
+
 use crate::error::{FfiError, FfiResult};
 use crate::ffi::{carve_resource_t, create, create_over, device, opt};
 use crate::make_vm::{ExpandableSizes, VirtualSizes};
@@ -22,15 +24,41 @@ fn headroom(h: f64) -> Option<f64> {
 
 /// `CARVE_VM_EXPORTABLE`: chunks exportable as POSIX file descriptors.
 pub const VM_EXPORTABLE: c_uint = 1;
+/// `CARVE_VM_FABRIC`: chunks with fabric handles, or `CARVE_ERROR_UNSUPPORTED`.
+pub const VM_FABRIC: c_uint = 2;
+/// `CARVE_VM_RECOMMENDED_GRANULARITY`: chunks at the driver's recommended granularity.
+pub const VM_RECOMMENDED_GRANULARITY: c_uint = 4;
+/// `CARVE_VM_FABRIC_WHERE_SUPPORTED`: fabric handles where the device can create them.
+pub const VM_FABRIC_WHERE_SUPPORTED: c_uint = 8;
 
-/// Whether `flags` (of the device virtual-memory constructors) ask for exportable chunks.
-fn exportable(flags: c_uint) -> FfiResult<bool> {
-    if flags & !VM_EXPORTABLE != 0 {
+/// The backing options `flags` (of the device virtual-memory constructors) ask for:
+/// exportable, fabric handles, granularity.
+fn vm_flags(flags: c_uint) -> FfiResult<(bool, Fabric, Granularity)> {
+    let known = VM_EXPORTABLE | VM_FABRIC | VM_RECOMMENDED_GRANULARITY | VM_FABRIC_WHERE_SUPPORTED;
+    if flags & !known != 0 {
         return Err(FfiError::invalid(format!(
             "unknown virtual-memory flags {flags:#x}"
         )));
     }
-    Ok(flags & VM_EXPORTABLE != 0)
+    let fabric = match (
+        flags & VM_FABRIC != 0,
+        flags & VM_FABRIC_WHERE_SUPPORTED != 0,
+    ) {
+        (true, true) => {
+            return Err(FfiError::invalid(
+                "CARVE_VM_FABRIC and CARVE_VM_FABRIC_WHERE_SUPPORTED together",
+            ))
+        }
+        (true, false) => Fabric::Required,
+        (false, true) => Fabric::WhereSupported,
+        (false, false) => Fabric::Off,
+    };
+    let granularity = if flags & VM_RECOMMENDED_GRANULARITY != 0 {
+        Granularity::Recommended
+    } else {
+        Granularity::Minimum
+    };
+    Ok((flags & VM_EXPORTABLE != 0, fabric, granularity))
 }
 
 fn expandable_sizes(
@@ -46,7 +74,7 @@ fn expandable_sizes(
         small_chunk: opt(small_chunk),
         large_chunk: opt(large_chunk),
         headroom: headroom(h),
-        exportable: false,
+        ..ExpandableSizes::default()
     }
 }
 
@@ -67,7 +95,7 @@ pub unsafe extern "C" fn carve_expandable_resource_create(
 ) -> c_int {
     let mut sizes = expandable_sizes(maximum, small_limit, small_chunk, large_chunk, headroom);
     let make = || {
-        sizes.exportable = exportable(flags)?;
+        (sizes.exportable, sizes.fabric, sizes.granularity) = vm_flags(flags)?;
         make_vm::expandable(device(dev)?, &sizes)
     };
     // SAFETY: forwarded caller contract.
@@ -98,7 +126,7 @@ fn virtual_sizes(maximum: usize, chunk_size: usize, reserve: usize) -> VirtualSi
         maximum: opt(maximum),
         chunk_size: opt(chunk_size),
         reserve: opt(reserve),
-        exportable: false,
+        ..VirtualSizes::default()
     }
 }
 
@@ -117,7 +145,7 @@ pub unsafe extern "C" fn carve_virtual_resource_create(
 ) -> c_int {
     let mut sizes = virtual_sizes(maximum, chunk_size, reserve);
     let make = || {
-        sizes.exportable = exportable(flags)?;
+        (sizes.exportable, sizes.fabric, sizes.granularity) = vm_flags(flags)?;
         make_vm::virtual_memory(device(dev)?, &sizes)
     };
     // SAFETY: forwarded caller contract.

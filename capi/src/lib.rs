@@ -9,6 +9,8 @@
 //! - [`slots`]: generation-checked handle tables (resources, imported chunks).
 //! - [`vm_export`], [`vm_share`]: exporting a virtual-memory resource's chunks as POSIX file
 //!   descriptors and mapping them in another process.
+//! - [`vm_segments`]: a C callback told of every chunk a virtual-memory resource maps and
+//!   unmaps (for NCCL registration).
 //! - [`stats`]: each resource's statistics as name/value pairs.
 //! - [`ffi`]: the `extern "C"` functions; each catches panics, returns an error code and keeps
 //!   a thread-local last-error string.
@@ -33,6 +35,7 @@ pub mod stats;
 #[cfg(doctest)]
 mod unsafe_calls;
 pub mod vm_export;
+pub mod vm_segments;
 #[cfg(unix)]
 pub mod vm_share;
 

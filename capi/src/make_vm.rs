@@ -4,7 +4,7 @@
 use std::ffi::CStr;
 use std::sync::Arc;
 
-use carve::resource::{CudaBackingOptions, ExpandableOptions, VirtualOptions};
+use carve::resource::{CudaBackingOptions, ExpandableOptions, Fabric, Granularity, VirtualOptions};
 use carve::{
     Device, ExpandableMemoryResource, GraphSafeMemoryResource, SharedResource,
     VirtualMemoryResource,
@@ -29,6 +29,10 @@ pub struct ExpandableSizes {
     pub headroom: Option<f64>,
     /// Chunks exportable as POSIX file descriptors (device only; see [`crate::vm_share`]).
     pub exportable: bool,
+    /// Fabric handles on the chunks (device only).
+    pub fabric: Fabric,
+    /// The chunk granularity (device only).
+    pub granularity: Granularity,
 }
 
 impl ExpandableSizes {
@@ -62,6 +66,10 @@ pub struct VirtualSizes {
     pub reserve: Option<usize>,
     /// Chunks exportable as POSIX file descriptors (device only; see [`crate::vm_share`]).
     pub exportable: bool,
+    /// Fabric handles on the chunks (device only).
+    pub fabric: Fabric,
+    /// The chunk granularity (device only).
+    pub granularity: Granularity,
 }
 
 impl VirtualSizes {
@@ -85,9 +93,15 @@ fn host_backing(_granularity: usize) -> FfiResult<carve::resource::SimulatedBack
     Err(carve::Error::Unsupported("host virtual memory needs Linux".to_owned()).into())
 }
 
-fn backing_options(exportable: bool) -> CudaBackingOptions {
+fn backing_options(
+    exportable: bool,
+    fabric: Fabric,
+    granularity: Granularity,
+) -> CudaBackingOptions {
     CudaBackingOptions {
         exportable,
+        fabric,
+        granularity,
         ..CudaBackingOptions::default()
     }
 }
@@ -119,7 +133,7 @@ pub fn expandable(device: usize, sizes: &ExpandableSizes) -> FfiResult<Arc<Entry
     let options = sizes.options()?;
     let r = ExpandableMemoryResource::on_device(
         &Device::get(device)?,
-        backing_options(sizes.exportable),
+        backing_options(sizes.exportable, sizes.fabric, sizes.granularity),
         options,
     )?;
     Ok(exporting(c"expandable", r))
@@ -137,7 +151,7 @@ pub fn expandable_host(granularity: usize, sizes: &ExpandableSizes) -> FfiResult
 pub fn virtual_memory(device: usize, sizes: &VirtualSizes) -> FfiResult<Arc<Entry>> {
     let r = VirtualMemoryResource::on_device(
         &Device::get(device)?,
-        backing_options(sizes.exportable),
+        backing_options(sizes.exportable, sizes.fabric, sizes.granularity),
         sizes.options(),
     )?;
     Ok(exporting(c"virtual", r))

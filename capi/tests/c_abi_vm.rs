@@ -150,7 +150,7 @@ fn bad_virtual_memory_options_are_typed_errors() {
         );
         // Unknown flags, refused before any device is asked for.
         assert_eq!(
-            carve_expandable_resource_create(0, none, none, none, none, -1.0, 2, &mut out),
+            carve_expandable_resource_create(0, none, none, none, none, -1.0, 1 << 8, &mut out),
             INVALID_ARGUMENT
         );
         assert_eq!(

@@ -166,14 +166,7 @@ fn unknown_virtual_memory_flags_are_refused() {
     let mut out = ptr::null_mut();
     // SAFETY: the output is writable.
     let code = unsafe {
-        carve_virtual_resource_create(
-            0,
-            SIZE_NONE,
-            SIZE_NONE,
-            SIZE_NONE,
-            VM_EXPORTABLE << 1,
-            &mut out,
-        )
+        carve_virtual_resource_create(0, SIZE_NONE, SIZE_NONE, SIZE_NONE, 1 << 8, &mut out)
     };
     assert_eq!(code, INVALID_ARGUMENT);
     assert!(last().contains("flags"), "{}", last());

@@ -196,6 +196,8 @@ def make_expandable(
     large_chunk: Optional[int] = None,
     headroom: Optional[float] = None,
     exportable: bool = False,
+    fabric: str = "off",
+    granularity: str = "minimum",
 ) -> Resource: ...
 def make_expandable_host(
     granularity: int,
@@ -211,12 +213,17 @@ def make_virtual(
     chunk_size: Optional[int] = None,
     reserve: Optional[int] = None,
     exportable: bool = False,
+    fabric: str = "off",
+    granularity: str = "minimum",
 ) -> Resource: ...
 def make_virtual_host(
     granularity: int, maximum: int, chunk_size: Optional[int] = None, reserve: Optional[int] = None
 ) -> Resource: ...
 def make_graph_safe(upstream: Resource) -> Resource: ...
 def vm_export_chunk(resource: Resource, ptr: int) -> Tuple[int, int, int]: ...
+def vm_set_segment_callback(
+    resource: Resource, callback: Optional[Callable[[int, int, bool], object]] = None
+) -> CallbackErrors: ...
 
 class ImportedChunk:
     """Another process's virtual-memory chunk (``fd`` from ``export_chunk``, ``size`` its
@@ -239,7 +246,7 @@ def make_aligned(upstream: Resource, alignment: int, threshold: int = 0) -> Reso
 def make_prefetch(upstream: Resource, device: int = 0) -> Resource: ...
 
 class CallbackErrors:
-    """The exception a failure callback raised last."""
+    """The exception a failure (or segment) callback raised last."""
 
     def take(self) -> Optional[BaseException]: ...
 

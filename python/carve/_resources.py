@@ -300,10 +300,40 @@ class LoggingAdaptor(Resource):
 
 
 
-class _ExportsChunks(Resource):
-    """A virtual-memory resource whose physical chunks other processes can map."""
+def _fabric(fabric: Union[bool, str]) -> str:
+    if fabric is True:
+        return "required"
+    if fabric is False:
+        return "off"
+    if fabric == "auto":
+        return "auto"
+    raise ValueError(f"fabric={fabric!r}: False, True or 'auto'")
 
-    __slots__ = ()
+
+class _ExportsChunks(Resource):
+    """A virtual-memory resource whose physical chunks other processes can map, and whose
+    mappings a callback can follow (:meth:`set_segment_callback`)."""
+
+    __slots__ = ("_segment_errors",)
+
+    def set_segment_callback(self, callback: Optional[Callable[[int, int, bool], object]]) -> None:
+        """Calls ``callback(ptr, size, mapped)`` for every physical chunk this resource has
+        mapped now and maps from now on (``mapped=True``: access granted, before a block on it
+        is handed out), and for each it unmaps (``mapped=False``: after the unmap, with no live
+        block or queued work on it; when the resource goes, before), to register the memory with
+        NCCL or NIXL as it appears. ``None`` removes it. The callback runs with the GIL held, on
+        the thread whose allocation or :meth:`release` caused the change; it may allocate from
+        this resource. An exception it raises is kept, not propagated: :meth:`segment_error`
+        returns it. A thread that holds the GIL while another thread's allocation from this
+        resource delivers events waits for the GIL: keep callbacks short, and allocate from
+        Python (which releases the GIL) rather than from C code that holds it."""
+        self._segment_errors = _carve.vm_set_segment_callback(self._r, callback)
+
+    def segment_error(self) -> Optional[BaseException]:
+        """The exception the segment callback raised last (cleared), or None."""
+        errors = getattr(self, "_segment_errors", None)
+        return None if errors is None else errors.take()
+
 
     def export_chunk(self, ptr: int) -> Tuple[int, int, int]:
         """``(fd, chunk_start, chunk_size)``: a new POSIX file descriptor for the physical chunk
@@ -320,8 +350,14 @@ class ExpandableResource(_ExportsChunks):
     """The expandable pool (PyTorch's ``expandable_segments``) on ``device``: blocks share
     pages of virtual memory mapped as needed, so fragmentation does not strand memory. Sizes
     left None take the defaults (``maximum_size``: the device's memory). ``exportable=True``
-    creates chunks that :meth:`export_chunk` can hand to other processes. :meth:`over_host`
-    builds one over host virtual memory (no GPU needed)."""
+    creates chunks that :meth:`export_chunk` can hand to other processes. ``fabric=True``
+    gives chunks fabric handles as well (multi-node NVLink; :class:`UnsupportedError` where the
+    device cannot), ``fabric="auto"`` only where it can, as NCCL chooses;
+    ``granularity="recommended"`` sizes chunks by the driver's recommended granularity rather
+    than its minimum. NCCL registration wants ``exportable=True, fabric="auto",
+    granularity="recommended"`` (:func:`carve.torch.nccl_mem_pool`). ``on_segment``: see
+    :meth:`set_segment_callback`. :meth:`over_host` builds one over host virtual memory (no GPU
+    needed)."""
 
     __slots__ = ()
 
@@ -334,11 +370,24 @@ class ExpandableResource(_ExportsChunks):
         large_chunk: Optional[int] = None,
         headroom: Optional[float] = None,
         exportable: bool = False,
+        fabric: Union[bool, str] = False,
+        granularity: str = "minimum",
+        on_segment: Optional[Callable[[int, int, bool], object]] = None,
     ) -> None:
         raw = _carve.make_expandable(
-            device, maximum_size, small_limit, small_chunk, large_chunk, headroom, exportable
+            device,
+            maximum_size,
+            small_limit,
+            small_chunk,
+            large_chunk,
+            headroom,
+            exportable,
+            _fabric(fabric),
+            granularity,
         )
         super().__init__(raw)
+        if on_segment is not None:
+            self.set_segment_callback(on_segment)
 
     @classmethod
     def over_host(
@@ -349,17 +398,22 @@ class ExpandableResource(_ExportsChunks):
         small_chunk: Optional[int] = None,
         large_chunk: Optional[int] = None,
         headroom: Optional[float] = None,
+        on_segment: Optional[Callable[[int, int, bool], object]] = None,
     ) -> "ExpandableResource":
         """Over host virtual memory (Linux memory files) with pages of ``granularity`` bytes."""
         raw = _carve.make_expandable_host(
             granularity, maximum_size, small_limit, small_chunk, large_chunk, headroom
         )
-        return cls._wrap(raw)  # type: ignore[return-value]
+        r = cls._wrap(raw)
+        if on_segment is not None:
+            r.set_segment_callback(on_segment)  # type: ignore[attr-defined]
+        return r  # type: ignore[return-value]
 
 
 class VirtualMemoryResource(_ExportsChunks):
     """Whole-chunk virtual memory on ``device`` (the driver's ``cuMemCreate`` / ``cuMemMap``).
-    ``exportable=True`` creates chunks that :meth:`export_chunk` can hand to other processes.
+    ``exportable=True`` creates chunks that :meth:`export_chunk` can hand to other processes;
+    ``fabric``, ``granularity`` and ``on_segment`` as for :class:`ExpandableResource`.
     :meth:`over_host` builds one over host virtual memory (no GPU needed)."""
 
     __slots__ = ()
@@ -371,8 +425,16 @@ class VirtualMemoryResource(_ExportsChunks):
         chunk_size: Optional[int] = None,
         reserve: Optional[int] = None,
         exportable: bool = False,
+        fabric: Union[bool, str] = False,
+        granularity: str = "minimum",
+        on_segment: Optional[Callable[[int, int, bool], object]] = None,
     ) -> None:
-        super().__init__(_carve.make_virtual(device, maximum_size, chunk_size, reserve, exportable))
+        raw = _carve.make_virtual(
+            device, maximum_size, chunk_size, reserve, exportable, _fabric(fabric), granularity
+        )
+        super().__init__(raw)
+        if on_segment is not None:
+            self.set_segment_callback(on_segment)
 
     @classmethod
     def over_host(
@@ -381,10 +443,14 @@ class VirtualMemoryResource(_ExportsChunks):
         granularity: int = 64 << 10,
         chunk_size: Optional[int] = None,
         reserve: Optional[int] = None,
+        on_segment: Optional[Callable[[int, int, bool], object]] = None,
     ) -> "VirtualMemoryResource":
         """Over host virtual memory (Linux memory files) with pages of ``granularity`` bytes."""
         raw = _carve.make_virtual_host(granularity, maximum_size, chunk_size, reserve)
-        return cls._wrap(raw)  # type: ignore[return-value]
+        r = cls._wrap(raw)
+        if on_segment is not None:
+            r.set_segment_callback(on_segment)  # type: ignore[attr-defined]
+        return r  # type: ignore[return-value]
 
 
 class GraphSafeResource(Resource):

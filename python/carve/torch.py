@@ -15,6 +15,17 @@ runs on autograd's worker threads by default, so its tensors would otherwise lan
 default pool, which then reserves segments of its own beside the carve-backed ones.
 :func:`mem_pool` gives the pool alone, for ``torch.cuda.use_mem_pool``.
 
+:func:`nccl_mem_pool` gives a ``MemPool`` over carve virtual memory that NCCL can register
+(chunks with POSIX-descriptor handles, fabric handles where the device has them, at the
+driver's recommended granularity)::
+
+    pool = carve.torch.nccl_mem_pool()
+    backend = dist.group.WORLD._get_backend(torch.device("cuda"))
+    backend.register_mem_pool(pool)
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.ones(1 << 20, device="cuda")
+    dist.all_reduce(x)
+
 :func:`graph_pool` gives a ``MemPool`` for CUDA graph capture (allocation during capture is
 served by a :class:`~carve.GraphSafeResource`, so the graph bakes in carve addresses that stay
 valid for every replay)::
@@ -49,12 +60,19 @@ from __future__ import annotations
 import os
 import warnings
 from contextlib import contextmanager
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple, Union
 
 import torch as _torch
 
 from . import _carve, lib_path
-from ._resources import GraphSafeResource, Resource, get_current_resource, set_current_resource
+from ._resources import (
+    ExpandableResource,
+    GraphSafeResource,
+    Resource,
+    VirtualMemoryResource,
+    get_current_resource,
+    set_current_resource,
+)
 from ._torch_unified import (
     UnifiedMemoryUnsupportedError,
     advise_managed_module_parameters_preferred_location,
@@ -69,6 +87,8 @@ from ._torch_unified import (
 __all__ = [
     "pool",
     "mem_pool",
+    "nccl_resource",
+    "nccl_mem_pool",
     "graph_pool",
     "use",
     "pluggable_allocator",
@@ -120,6 +140,37 @@ def mem_pool(resource: Resource, **kwargs: object) -> "_torch.cuda.MemPool":
     go to ``MemPool`` (e.g. ``use_on_oom``). Use it with ``torch.cuda.use_mem_pool(pool)``."""
     alloc = pluggable_allocator(resource)
     return _torch.cuda.MemPool(alloc.allocator(), **kwargs)  # type: ignore[attr-defined]
+
+
+def nccl_resource(
+    device: Optional[int] = None, *, expandable: bool = True, **opts: object
+) -> Union[ExpandableResource, VirtualMemoryResource]:
+    """A carve virtual-memory resource on ``device`` (default: PyTorch's current device) whose
+    memory NCCL can register: ``exportable=True`` (POSIX descriptors, which NCCL exports to its
+    peers), ``fabric="auto"`` (fabric handles where the device can create them, as NCCL picks
+    its own handle type) and ``granularity="recommended"``. ``expandable=True`` gives an
+    :class:`~carve.ExpandableResource`, else a whole-chunk :class:`~carve.VirtualMemoryResource`.
+    Other keyword arguments go to the resource (``maximum_size``, ``on_segment``, ...) and may
+    override those three."""
+    dev = _torch.cuda.current_device() if device is None else device
+    kwargs: Dict[str, object] = {
+        "exportable": True,
+        "fabric": "auto",
+        "granularity": "recommended",
+    }
+    kwargs.update(opts)
+    cls = ExpandableResource if expandable else VirtualMemoryResource
+    return cls(dev, **kwargs)  # type: ignore[arg-type]
+
+
+def nccl_mem_pool(
+    device: Optional[int] = None, *, expandable: bool = True, **opts: object
+) -> "_torch.cuda.MemPool":
+    """A :func:`mem_pool` over :func:`nccl_resource` ``(device, expandable=..., **opts)``: a
+    ``torch.cuda.MemPool`` that ``ProcessGroupNCCL.register_mem_pool`` accepts. Register it
+    (``backend.register_mem_pool(pool)``, with ``backend`` the group's NCCL backend) once
+    tensors are in it; PyTorch then registers the pool's later segments as they appear."""
+    return mem_pool(nccl_resource(device, expandable=expandable, **opts))
 
 
 # (upstream, its GraphSafeResource): one graph-safe resource, and so one slot, per upstream.

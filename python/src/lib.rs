@@ -17,6 +17,7 @@ mod resource_vm;
 mod scopes;
 mod stream;
 mod torch_oom;
+mod vm_segments;
 mod vm_share;
 
 use std::hash::{Hash, Hasher};
@@ -190,6 +191,7 @@ fn _carve(m: &Bound<'_, PyModule>) -> PyResult<()> {
     resource::add_constructors(m)?;
     resource_vm::add_constructors(m)?;
     vm_share::add(m)?;
+    vm_segments::add(m)?;
     managed::add(m)?;
     pool_limit::add(m)?;
     pinned::add(m)?;

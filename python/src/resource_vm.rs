@@ -4,17 +4,46 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, PoisonError};
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use carve::resource::{Fabric, Granularity};
 use carve_capi::make_vm::{ExpandableSizes, VirtualSizes};
 use carve_capi::{make_adapt, make_vm};
 
 use crate::resource::{made, Resource};
 
-/// The expandable pool on `device`; `exportable`: chunks can be exported to other processes.
+/// `fabric`: "off", "auto" (where the device can) or "required"; `granularity`: "minimum" or
+/// "recommended".
+fn nccl_options(fabric: &str, granularity: &str) -> PyResult<(Fabric, Granularity)> {
+    let fabric = match fabric {
+        "off" => Fabric::Off,
+        "auto" => Fabric::WhereSupported,
+        "required" => Fabric::Required,
+        f => {
+            return Err(PyValueError::new_err(format!(
+                "fabric {f:?}: False, True or \"auto\""
+            )))
+        }
+    };
+    let granularity = match granularity {
+        "minimum" => Granularity::Minimum,
+        "recommended" => Granularity::Recommended,
+        g => {
+            return Err(PyValueError::new_err(format!(
+                "granularity {g:?}: \"minimum\" or \"recommended\""
+            )))
+        }
+    };
+    Ok((fabric, granularity))
+}
+
+/// The expandable pool on `device`; `exportable`: chunks can be exported to other processes;
+/// `fabric`, `granularity`: see `nccl_options`.
 #[pyfunction]
 #[pyo3(signature = (device = 0, maximum = None, small_limit = None, small_chunk = None,
-    large_chunk = None, headroom = None, exportable = false))]
+    large_chunk = None, headroom = None, exportable = false, fabric = "off",
+    granularity = "minimum"))]
 #[allow(clippy::too_many_arguments)]
 fn make_expandable(
     py: Python<'_>,
@@ -25,7 +54,10 @@ fn make_expandable(
     large_chunk: Option<usize>,
     headroom: Option<f64>,
     exportable: bool,
+    fabric: &str,
+    granularity: &str,
 ) -> PyResult<Resource> {
+    let (fabric, granularity) = nccl_options(fabric, granularity)?;
     let sizes = ExpandableSizes {
         maximum,
         small_limit,
@@ -33,6 +65,8 @@ fn make_expandable(
         large_chunk,
         headroom,
         exportable,
+        fabric,
+        granularity,
     };
     made(py, || make_vm::expandable(device, &sizes))
 }
@@ -56,16 +90,17 @@ fn make_expandable_host(
         small_chunk,
         large_chunk,
         headroom,
-        exportable: false,
+        ..ExpandableSizes::default()
     };
     made(py, || make_vm::expandable_host(granularity, &sizes))
 }
 
 /// Whole-chunk virtual memory on `device`; `exportable`: chunks can be exported to other
-/// processes.
+/// processes; `fabric`, `granularity`: see `nccl_options`.
 #[pyfunction]
 #[pyo3(signature = (device = 0, maximum = None, chunk_size = None, reserve = None,
-    exportable = false))]
+    exportable = false, fabric = "off", granularity = "minimum"))]
+#[allow(clippy::too_many_arguments)]
 fn make_virtual(
     py: Python<'_>,
     device: usize,
@@ -73,12 +108,17 @@ fn make_virtual(
     chunk_size: Option<usize>,
     reserve: Option<usize>,
     exportable: bool,
+    fabric: &str,
+    granularity: &str,
 ) -> PyResult<Resource> {
+    let (fabric, granularity) = nccl_options(fabric, granularity)?;
     let sizes = VirtualSizes {
         maximum,
         chunk_size,
         reserve,
         exportable,
+        fabric,
+        granularity,
     };
     made(py, || make_vm::virtual_memory(device, &sizes))
 }
@@ -97,7 +137,7 @@ fn make_virtual_host(
         maximum: Some(maximum),
         chunk_size,
         reserve,
-        exportable: false,
+        ..VirtualSizes::default()
     };
     made(py, || make_vm::virtual_host(granularity, &sizes))
 }
@@ -133,7 +173,7 @@ fn make_prefetch(py: Python<'_>, upstream: &Resource, device: usize) -> PyResult
 #[pyclass(frozen, module = "carve._carve")]
 #[derive(Debug, Default)]
 pub struct CallbackErrors {
-    last: Mutex<Option<PyErr>>,
+    pub(crate) last: Mutex<Option<PyErr>>,
 }
 
 #[pymethods]

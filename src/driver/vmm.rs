@@ -10,16 +10,25 @@ use cudarc::driver::sys;
 use super::mem::check;
 use crate::error::Result;
 
-/// `cuMemGetAllocationGranularity`, minimum granularity.
+/// `cuMemGetAllocationGranularity`: the minimum granularity, or the driver's recommended one
+/// (`recommended`: the size at which it maps best, and what NCCL allocates in).
 ///
 /// # Safety
 /// `prop` is a fully initialised allocation description.
-pub(crate) unsafe fn allocation_granularity(prop: &sys::CUmemAllocationProp) -> Result<usize> {
+pub(crate) unsafe fn allocation_granularity(
+    prop: &sys::CUmemAllocationProp,
+    recommended: bool,
+) -> Result<usize> {
+    use sys::CUmemAllocationGranularity_flags as F;
     let mut granularity = 0usize;
-    let minimum = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
+    let flag = if recommended {
+        F::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+    } else {
+        F::CU_MEM_ALLOC_GRANULARITY_MINIMUM
+    };
     // SAFETY: the caller's contract; a valid out-slot.
     check("cuMemGetAllocationGranularity", unsafe {
-        sys::cuMemGetAllocationGranularity(&mut granularity, prop, minimum)
+        sys::cuMemGetAllocationGranularity(&mut granularity, prop, flag)
     })?;
     Ok(granularity)
 }

@@ -49,9 +49,9 @@ pub use source::virtual_memory::HostBacking;
 pub use source::virtual_memory::ImportedChunk;
 pub use source::virtual_memory::{
     BackingCounters, BackingFaults, CallTimes, ChunkLocation, CountingBacking, CudaBacking,
-    CudaBackingOptions, ExpandableMemoryResource, ExpandableOptions, ExpandableStats,
-    PhysicalBacking, PhysicalHandle, SimulatedBacking, VirtualMemoryResource, VirtualOptions,
-    VirtualStats,
+    CudaBackingOptions, ExpandableMemoryResource, ExpandableOptions, ExpandableStats, Fabric,
+    Granularity, PhysicalBacking, PhysicalHandle, SegmentCallback, SegmentChange, SegmentEvent,
+    SimulatedBacking, VirtualMemoryResource, VirtualOptions, VirtualStats,
 };
 
 pub use engine::stream_order::{

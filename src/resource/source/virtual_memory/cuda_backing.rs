@@ -31,6 +31,35 @@ pub struct CudaBackingOptions {
     /// ([`PhysicalBacking::export_fd`]), for IPC. Off by default: exportable chunks may be
     /// slower to create.
     pub exportable: bool,
+    /// Whether chunks also carry fabric handles (`CU_MEM_HANDLE_TYPE_FABRIC`), which NCCL
+    /// exports across nodes joined by NVLink (multi-node NVLink, through IMEX). Off by default.
+    pub fabric: Fabric,
+    /// The size unit of chunks and mappings. [`Granularity::Minimum`] by default.
+    pub granularity: Granularity,
+}
+
+/// Whether a [`CudaBacking`] requests fabric handles for its chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Fabric {
+    /// No fabric handles.
+    #[default]
+    Off,
+    /// Fabric handles where the device reports them and a probe chunk can be created with them
+    /// (an IMEX channel is open), as NCCL chooses its own handle type; none elsewhere.
+    WhereSupported,
+    /// Fabric handles, or [`Error::Unsupported`] from [`CudaBacking::new`].
+    Required,
+}
+
+/// Which of the driver's allocation granularities sizes a [`CudaBacking`]'s chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Granularity {
+    /// `CU_MEM_ALLOC_GRANULARITY_MINIMUM` (2 MiB on current GPUs): the least memory per chunk.
+    #[default]
+    Minimum,
+    /// `CU_MEM_ALLOC_GRANULARITY_RECOMMENDED`: the size the driver maps best, which NCCL uses for
+    /// its own buffers (`ncclMemAlloc`) and asks of memory registered with it.
+    Recommended,
 }
 
 /// The CUDA driver's virtual memory on one device.
@@ -39,6 +68,8 @@ pub struct CudaBacking {
     device: Device,
     options: CudaBackingOptions,
     granularity: usize,
+    /// Chunks carry fabric handles ([`CudaBackingOptions::fabric`], probed).
+    fabric: bool,
 }
 
 /// A failed virtual-memory call as the backing reports it: out of memory is
@@ -56,8 +87,9 @@ fn backing_error(e: Error) -> Error {
 
 impl CudaBacking {
     /// Virtual memory on `device`. Fails with [`Error::Unsupported`] where the device or driver
-    /// has no virtual memory management (or no POSIX handles, when `exportable`), and with
-    /// [`Error::InvalidDevice`] for a peer that does not exist.
+    /// has no virtual memory management (or no POSIX handles, when `exportable`; or no fabric
+    /// handles, when [`Fabric::Required`]), and with [`Error::InvalidDevice`] for a peer that
+    /// does not exist.
     pub fn new(device: &Device, options: CudaBackingOptions) -> Result<Self> {
         let vmm = device.attribute(
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED,
@@ -82,22 +114,74 @@ impl CudaBacking {
         for &p in &options.peers {
             crate::resource::source::location::check_ordinal(p)?;
         }
+        let fabric = options.fabric != Fabric::Off
+            && device.attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
+            )? != 0;
+        if options.fabric == Fabric::Required && !fabric {
+            return Err(Error::Unsupported(format!(
+                "device {} has no fabric memory handles",
+                device.ordinal()
+            )));
+        }
+        let recommended = options.granularity == Granularity::Recommended;
         let mut backing = CudaBacking {
             device: device.clone(),
             options,
             granularity: 0,
+            fabric,
         };
         let prop = backing.prop();
         device.bind()?;
         // SAFETY: `prop` is a fully initialised allocation description.
-        let granularity = unsafe { vmm::allocation_granularity(&prop) }.map_err(backing_error)?;
+        let granularity =
+            unsafe { vmm::allocation_granularity(&prop, recommended) }.map_err(backing_error)?;
         if !granularity.is_power_of_two() {
             return Err(Error::Unsupported(format!(
                 "the driver reports an allocation granularity of {granularity}"
             )));
         }
         backing.granularity = granularity;
+        if backing.fabric {
+            backing.probe_fabric()?;
+        }
         Ok(backing)
+    }
+
+    /// Creates and releases one chunk with fabric handles: the driver reports them on devices
+    /// where creating one still fails without an IMEX channel. Where it fails so, fabric handles
+    /// are dropped ([`Fabric::WhereSupported`]) or the failure is [`Error::Unsupported`].
+    fn probe_fabric(&mut self) -> Result<()> {
+        use sys::CUresult as R;
+        let prop = self.prop();
+        // SAFETY: a valid description; a context is current (bound by the caller).
+        match unsafe { vmm::create(self.granularity, &prop) } {
+            Ok(h) => {
+                // SAFETY: created just now, mapped nowhere, never used again.
+                unsafe { vmm::release(h) }.map_err(backing_error)
+            }
+            Err(Error::Driver { code, .. })
+                if code.0 == R::CUDA_ERROR_NOT_PERMITTED
+                    || code.0 == R::CUDA_ERROR_NOT_SUPPORTED =>
+            {
+                if self.options.fabric == Fabric::Required {
+                    return Err(Error::Unsupported(format!(
+                        "device {} cannot create memory with fabric handles ({}): no IMEX \
+                         channel?",
+                        self.device.ordinal(),
+                        code
+                    )));
+                }
+                self.fabric = false;
+                Ok(())
+            }
+            Err(e) => Err(backing_error(e)),
+        }
+    }
+
+    /// Whether chunks carry fabric handles.
+    pub fn fabric(&self) -> bool {
+        self.fabric
     }
 
     /// The device it maps for.
@@ -118,11 +202,7 @@ impl CudaBacking {
         };
         sys::CUmemAllocationProp {
             type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-            requestedHandleTypes: if self.options.exportable {
-                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-            } else {
-                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
-            },
+            requestedHandleTypes: self.handle_types(),
             location,
             win32HandleMetaData: std::ptr::null_mut(),
             allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
@@ -132,6 +212,19 @@ impl CudaBacking {
                 reserved: [0; 4],
             },
         }
+    }
+
+    /// The handle types chunks are created with (a bit mask of `CUmemAllocationHandleType`).
+    fn handle_types(&self) -> sys::CUmemAllocationHandleType {
+        use sys::CUmemAllocationHandleType as H;
+        let mut bits = H::CU_MEM_HANDLE_TYPE_NONE.0;
+        if self.options.exportable {
+            bits |= H::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0;
+        }
+        if self.fabric {
+            bits |= H::CU_MEM_HANDLE_TYPE_FABRIC.0;
+        }
+        sys::CUmemAllocationHandleType(bits)
     }
 
     fn access(&self) -> Vec<sys::CUmemAccessDesc> {

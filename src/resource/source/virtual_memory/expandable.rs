@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::cuda_backing::{CudaBacking, CudaBackingOptions};
+use super::segments::SegmentCallback;
 use super::{BackingCounters, CountingBacking, PhysicalBacking, SimulatedBacking};
 use super::{VirtualMemoryResource, VirtualOptions, VirtualStats};
 use crate::driver::Device;
@@ -44,6 +45,9 @@ pub struct ExpandableOptions {
     pub headroom: Option<f64>,
     /// See [`VirtualOptions::mark_every_free`]; off by default.
     pub mark_every_free: bool,
+    /// Told of every chunk either range maps and unmaps (see
+    /// [`ExpandableMemoryResource::set_segment_callback`]).
+    pub on_segment: Option<SegmentCallback>,
 }
 
 impl ExpandableOptions {
@@ -62,6 +66,7 @@ impl fmt::Debug for ExpandableOptions {
             .field("large_chunk", &self.large_chunk)
             .field("headroom", &self.headroom)
             .field("mark_every_free", &self.mark_every_free)
+            .field("on_segment", &self.on_segment.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -138,7 +143,7 @@ impl ExpandableMemoryResource<CudaBacking> {
         mut options: ExpandableOptions,
     ) -> Result<Self> {
         let backing = CudaBacking::new(device, backing)?;
-        super::fill_device_defaults(device, &mut options.maximum, &mut options.order)?;
+        super::options::fill_device_defaults(device, &mut options.maximum, &mut options.order)?;
         Self::new(backing, options)
     }
 }
@@ -188,6 +193,7 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
                 .maximum(maximum.max(chunk));
             o.order = Some(order.clone());
             o.mark_every_free = options.mark_every_free;
+            o.on_segment = options.on_segment.clone();
             VirtualMemoryResource::new(backing.clone(), o)
         };
         let small = range(options.small_chunk.unwrap_or(g))?;
@@ -237,6 +243,18 @@ impl<B: PhysicalBacking> ExpandableMemoryResource<B> {
             Err(Error::UnknownPointer { .. }) => self.large.export_chunk(ptr),
             r => r,
         }
+    }
+
+    /// As [`VirtualMemoryResource::set_segment_callback`], for both ranges: `callback` hears of
+    /// every small and large chunk mapped and unmapped.
+    pub fn set_segment_callback(&self, callback: Option<SegmentCallback>) {
+        self.small.set_segment_callback(callback.clone());
+        self.large.set_segment_callback(callback);
+    }
+
+    /// Segment callbacks that panicked, both ranges.
+    pub fn segment_callback_panics(&self) -> u64 {
+        self.small.segment_callback_panics() + self.large.segment_callback_panics()
     }
 
     /// Checks both ranges, and that the chunks counted are the pages mapped.

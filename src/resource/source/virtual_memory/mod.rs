@@ -1,33 +1,11 @@
 //! [`VirtualMemoryResource`]: one reserved virtual range that grows in place, with physical
 //! chunks mapped on demand and unmapped wherever they fall free; in expandable mode, a pool in
-//! the role of PyTorch's expandable segments, for any client.
+//! the role of PyTorch's expandable segments, for any client ([`ExpandableMemoryResource`]).
 //!
-//! The range is reserved once ([`PhysicalBacking::reserve`]), so addresses never move. Blocks
-//! are placed by the shared coalescing engine (TLSF best fit, stream-ordered reuse) over the
-//! part of the range in use, which grows in large steps when no free block fits: a request
-//! never fails for want of a contiguous hole. Physical memory is counted in chunks (pages, a
-//! multiple of the driver's granularity): a page is mapped while a live block touches it. A
-//! page whose blocks are all freed stays mapped and free; when a block needs a page mapped
-//! elsewhere, the chunk of a free page moves there, so the memory held follows the pages in
-//! use, not the history of the range. A move first waits for the work that may still use the
-//! page: the allocating stream's, when no other stream holds free blocks, else the device's;
-//! its driver calls run in relaxed capture mode, so another thread's graph capture survives.
-//!
-//! Placement keeps those moves rare: when the best fit would map pages while free pages exist,
-//! the free blocks that fit are weighed by the pages they would map, and the block goes where
-//! the fewest are missing (free space on mapped pages first); when a move is due all the same,
-//! its synchronisation comes first and opens other streams' free blocks to the search (see
-//! BENCHMARKS.md, "Why it is built this way", for the counts on training traces).
-//! [`trim`](VirtualMemoryResource::trim) unmaps and frees every free page.
-//!
-//! Two modes:
-//! - **virtual** ([`VirtualOptions::new`]): every block is whole chunks, aligned to a chunk, so
-//!   a free leaves its pages free at once. A good upstream for other suballocators.
-//! - **expandable** ([`VirtualOptions::expandable`]): blocks are 256-byte grains that share
-//!   pages; a page is free when no block touches it.
-//!
-//! The backing is the CUDA driver ([`CudaBacking`]) or an address-only simulation
-//! ([`SimulatedBacking`]) that answers "would this fit in N GiB?" with no GPU.
+//! The struct's documentation says how blocks are placed and pages mapped, moved and trimmed;
+//! BENCHMARKS.md, "Why it is built this way", gives the counts on training traces. A segment
+//! callback ([`VirtualMemoryResource::set_segment_callback`]) hears of every chunk mapped and
+//! unmapped, to register the memory with NCCL as it appears.
 
 mod backing;
 mod counting;
@@ -39,34 +17,38 @@ mod host_backing;
 mod imported;
 mod options;
 mod pages;
+mod segments;
 mod simulated;
 
 use crate::sync::lock;
 pub use backing::{PhysicalBacking, PhysicalHandle};
 pub use counting::CountingBacking;
 use counting::SyncCounter;
-pub use cuda_backing::{ChunkLocation, CudaBacking, CudaBackingOptions};
+pub use cuda_backing::{ChunkLocation, CudaBacking, CudaBackingOptions, Fabric, Granularity};
 pub use expandable::{ExpandableMemoryResource, ExpandableOptions, ExpandableStats};
 #[cfg(target_os = "linux")]
 pub use host_backing::HostBacking;
 #[cfg(unix)]
 pub use imported::ImportedChunk;
+use options::fill_device_defaults;
 pub use options::{VirtualOptions, VirtualStats};
+pub use segments::{SegmentCallback, SegmentChange, SegmentEvent};
 pub use simulated::{BackingCounters, BackingFaults, CallTimes, SimulatedBacking};
 
 use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use self::pages::{Pages, Settled};
+use self::segments::Segments;
 use crate::driver::Device;
 use crate::error::{Error, Result};
 use crate::resource::engine::coalescing::{
     allocate_from, footprint, OnStream, Placer, PoolCore, Reach, GRAIN,
 };
+use crate::resource::engine::stream_order::order_for;
 use crate::resource::engine::stream_order::StreamOrder;
-use crate::resource::engine::stream_order::{order_for, CudaOrder};
 use crate::resource::memory_resource::{align_up, check_request, MemoryResource, Properties};
 use crate::stream::StreamRef;
 
@@ -106,6 +88,7 @@ struct Inner<B: PhysicalBacking> {
     reserved: usize,
     expandable: bool,
     state: Mutex<State>,
+    segments: Segments,
 }
 
 struct State {
@@ -134,20 +117,6 @@ impl VirtualMemoryResource<CudaBacking> {
         fill_device_defaults(device, &mut options.maximum, &mut options.order)?;
         Self::new(backing, options)
     }
-}
-
-/// Fills in what the device constructors default: the device's total memory as the maximum,
-/// and event ordering on the device.
-fn fill_device_defaults(
-    device: &Device,
-    maximum: &mut Option<usize>,
-    order: &mut Option<Arc<dyn StreamOrder>>,
-) -> Result<()> {
-    if maximum.is_none() {
-        *maximum = Some(device.mem_info()?.total);
-    }
-    order.get_or_insert_with(|| Arc::new(CudaOrder::new(device)));
-    Ok(())
 }
 
 impl VirtualMemoryResource<SimulatedBacking> {
@@ -203,6 +172,8 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
             None => order_for(backing.properties(), backing.device(), &backing)?,
         };
         let base = backing.reserve(reserved, page)?;
+        let segments = Segments::default();
+        let _none = segments.set(options.on_segment, std::iter::empty());
         Ok(VirtualMemoryResource {
             inner: Arc::new(Inner {
                 order: SyncCounter::new(order),
@@ -214,6 +185,7 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
                     pages: Pages::new(base, page, max_pages),
                     extent: 0,
                 }),
+                segments,
                 backing,
             }),
         })
@@ -271,7 +243,36 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
         let mut st = lock(&self.inner.state);
         self.inner.order.synchronize_all()?;
         st.core.merge_all();
-        st.pages.trim(&self.inner.backing)
+        let r = st.pages.trim(&self.inner.backing);
+        self.publish(st);
+        r
+    }
+
+    /// Calls `callback` for every chunk mapped from now on (once the backing's access is
+    /// granted, before the block on it is handed out) and every chunk unmapped (after the
+    /// unmap, with no live block or queued work on it), to register the memory with NCCL or
+    /// NIXL as it appears; `None` removes it. A new callback first hears of every chunk mapped
+    /// now; events not yet delivered to the one it replaces are dropped. See
+    /// [`SegmentCallback`] for where it runs. At drop, every chunk still mapped is announced
+    /// unmapped before it is unmapped.
+    pub fn set_segment_callback(&self, callback: Option<SegmentCallback>) {
+        let st = lock(&self.inner.state);
+        let mapped = st.pages.mapped_segments(SegmentChange::Mapped);
+        let replaced = self.inner.segments.set(callback, mapped);
+        self.publish(st);
+        drop(replaced);
+    }
+
+    /// Segment callbacks that panicked (each caught, and recorded as a deferred error).
+    pub fn segment_callback_panics(&self) -> u64 {
+        self.inner.segments.panics()
+    }
+
+    /// Queues the page table's segment events, releases the lock and delivers them.
+    fn publish(&self, mut st: MutexGuard<'_, State>) {
+        self.inner.segments.push(&mut st.pages.events);
+        drop(st);
+        self.inner.segments.deliver();
     }
 
     /// A POSIX file descriptor for the physical chunk that holds `ptr` (a live block's address),
@@ -373,13 +374,25 @@ impl<B: PhysicalBacking> VirtualMemoryResource<B> {
     ) -> Result<NonNull<u8>> {
         let align = check_request(bytes, align, GRAIN)?;
         let mut st = lock(&self.inner.state);
+        let r = self.allocate_locked(&mut st, stream, bytes, align, spare);
+        self.publish(st);
+        r
+    }
+
+    fn allocate_locked(
+        &self,
+        st: &mut State,
+        stream: StreamRef<'_>,
+        bytes: usize,
+        align: usize,
+        spare: usize,
+    ) -> Result<NonNull<u8>> {
         let spare_pages = spare / st.pages.page_size();
         st.pages.set_spare(spare_pages);
         let (bytes, align) = self.shape(st.pages.page_size(), bytes, align)?;
         let (size, needed) = footprint(bytes, align).ok_or(Error::SizeOverflow { bytes, align })?;
         let order = &self.inner.order;
         let reach = Reach::Synchronize;
-        let st = &mut *st;
         let place = Some(&st.pages as &dyn Placer);
         let found = match allocate_from(
             &mut st.core,
@@ -544,6 +557,11 @@ impl<B: PhysicalBacking> Drop for Inner<B> {
             return;
         }
         let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        // Announced before the unmaps, so that registrations go first.
+        let mut gone: Vec<_> = st.pages.mapped_segments(SegmentChange::Unmapped).collect();
+        st.pages.events.clear();
+        self.segments.push(&mut gone);
+        self.segments.deliver();
         if st.pages.release_all(&self.backing) {
             // SAFETY: our reservation, with every page unmapped above; never used again.
             let r = unsafe { self.backing.free_reservation(self.base, self.reserved) };
@@ -566,5 +584,7 @@ impl<B: PhysicalBacking> fmt::Debug for VirtualMemoryResource<B> {
 mod fault_tests;
 #[cfg(test)]
 mod placement_tests;
+#[cfg(test)]
+mod segment_tests;
 #[cfg(test)]
 mod tests;

@@ -4,9 +4,12 @@
 use std::fmt;
 use std::sync::Arc;
 
+use super::segments::SegmentCallback;
 #[cfg(doc)]
 use super::VirtualMemoryResource;
-use crate::resource::engine::stream_order::StreamOrder;
+use crate::driver::Device;
+use crate::error::Result;
+use crate::resource::engine::stream_order::{CudaOrder, StreamOrder};
 
 /// How a [`VirtualMemoryResource`] is sized.
 #[derive(Clone, Default)]
@@ -29,6 +32,9 @@ pub struct VirtualOptions {
     /// on an H100, the most on the legacy default stream) and hand blocks to every stream once
     /// the device is past them: less memory across streams, slower frees. Off by default.
     pub mark_every_free: bool,
+    /// Told of every chunk mapped and unmapped (see
+    /// [`VirtualMemoryResource::set_segment_callback`]).
+    pub on_segment: Option<SegmentCallback>,
 }
 
 impl VirtualOptions {
@@ -74,8 +80,23 @@ impl fmt::Debug for VirtualOptions {
             .field("expandable", &self.expandable)
             .field("order", &self.order)
             .field("mark_every_free", &self.mark_every_free)
+            .field("on_segment", &self.on_segment.is_some())
             .finish()
     }
+}
+
+/// Fills in what the device constructors default: the device's total memory as the maximum,
+/// and event ordering on the device.
+pub(crate) fn fill_device_defaults(
+    device: &Device,
+    maximum: &mut Option<usize>,
+    order: &mut Option<Arc<dyn StreamOrder>>,
+) -> Result<()> {
+    if maximum.is_none() {
+        *maximum = Some(device.mem_info()?.total);
+    }
+    order.get_or_insert_with(|| Arc::new(CudaOrder::new(device)));
+    Ok(())
 }
 
 /// A snapshot of a [`VirtualMemoryResource`].

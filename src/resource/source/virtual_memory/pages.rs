@@ -11,6 +11,7 @@
 use std::cell::{Cell, RefCell};
 
 use super::backing::{PhysicalBacking, PhysicalHandle};
+use super::segments::{SegmentChange, SegmentEvent};
 use crate::error::{Error, Result};
 #[cfg(doc)]
 use crate::resource::engine::coalescing::Placer;
@@ -77,6 +78,9 @@ pub(crate) struct Pages {
     /// Chunks taken off their pages whose unmap or release the backing refused: still held,
     /// counted against `max_pages`, and tried again by the next trim and at drop.
     unreleased: Vec<Unreleased>,
+    /// Pages mapped (with access) and unmapped since the owner last took them, in order, for
+    /// its segment callback.
+    pub events: Vec<SegmentEvent>,
 }
 
 /// A chunk no page holds any more that the backing did not take back.
@@ -102,6 +106,7 @@ impl Pages {
             stale: Cell::new(false),
             spare: 0,
             unreleased: Vec::new(),
+            events: Vec::new(),
         }
     }
 
@@ -149,6 +154,31 @@ impl Pages {
     /// Bytes of chunks held: mapped, or refused by the backing.
     pub fn held_bytes(&self) -> usize {
         self.held() * self.page
+    }
+
+    /// Notes that page `i` was mapped (with access) or unmapped, for the segment callback.
+    fn note(&mut self, i: usize, change: SegmentChange) {
+        self.events.push(SegmentEvent {
+            addr: self.base + i * self.page,
+            size: self.page,
+            change,
+        });
+    }
+
+    /// Every page mapped now, as `change` events, in address order.
+    pub fn mapped_segments(
+        &self,
+        change: SegmentChange,
+    ) -> impl Iterator<Item = SegmentEvent> + '_ {
+        self.pages
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.handle.is_some())
+            .map(move |(i, _)| SegmentEvent {
+                addr: self.base + i * self.page,
+                size: self.page,
+                change,
+            })
     }
 
     fn span(&self, start: usize, end: usize) -> std::ops::Range<usize> {
@@ -259,6 +289,9 @@ impl Pages {
                 self.counters.access_grants += 1;
                 k += run;
             }
+            for &i in &mapped_now {
+                self.note(i, SegmentChange::Mapped);
+            }
             Ok(())
         });
         if granted.is_err() {
@@ -310,6 +343,7 @@ impl Pages {
                         return Err(e);
                     }
                     self.counters.unmaps += 1;
+                    self.note(j, SegmentChange::Unmapped);
                     (h, true)
                 }
                 None => {
@@ -473,6 +507,7 @@ impl Pages {
             // SAFETY: a page we mapped with this range, with no live block; the device is idle.
             unsafe { backing.unmap(self.base + j * self.page, self.page)? };
             self.counters.unmaps += 1;
+            self.note(j, SegmentChange::Unmapped);
             self.free.pop();
             self.set_handle(j, None);
             self.pages[j].free_at = NOT_FREE;
