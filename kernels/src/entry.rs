@@ -74,11 +74,11 @@ pub unsafe fn slab_alloc<F: Warp, G: Warp, S: Fn() -> u32 + Copy>(
         let h = unsafe { load_handle(heap, tag(KIND_SLAB)) };
         if one_heap(full, heap as u64) {
             // SAFETY: forwarded contract; every lane of the warp passed `heap`.
-            return unsafe { slab_alloc_whole(heap, h, full, any, seed) };
+            return unsafe { slab_alloc_whole(heap, h, full, any, seed, false) };
         }
     }
     // SAFETY: forwarded contract.
-    unsafe { slab_alloc_generic(heap, any, seed) }
+    unsafe { slab_alloc_generic(heap, any, seed, false) }
 }
 
 /// Whether every lane of a whole warp (`full`, all 32 lanes calling together) passed the same
@@ -89,7 +89,8 @@ fn one_heap<F: Warp>(full: &F, heap: u64) -> bool {
 }
 
 /// [`slab_alloc`] for all 32 lanes of a warp on one `heap`, whose handle `h` is as
-/// `load_handle` read it (so the same in every lane).
+/// `load_handle` read it (so the same in every lane); `cursor`: a general heap's class, whose
+/// shard counts are cursors ([`Slab::cursors`]).
 ///
 /// # Safety
 /// As for [`slab_alloc`]; every lane of the warp makes this call with the same `heap`.
@@ -100,19 +101,20 @@ unsafe fn slab_alloc_whole<F: Warp, G: Warp, S: Fn() -> u32 + Copy>(
     full: &F,
     any: &G,
     seed: S,
+    cursor: bool,
 ) -> *mut u8 {
     let Some(h) = h else {
         return core::ptr::null_mut();
     };
     // SAFETY: `h` is a copy of the formatted slab handle at `heap`.
-    let slab = unsafe { Slab::with_copy(&h, &*heap) };
+    let slab = unsafe { Slab::with_copy(&h, &*heap) }.cursors(cursor);
     let p = slab.alloc_in_chain(full, slab::warp_hint(seed(), h.capacity));
     if p.is_null() {
         // SAFETY: as above; read here only, so the fast path never holds it.
         let next = unsafe { (*heap).next };
         if next != 0 {
             // SAFETY: `next` is the next formatted segment of the chain.
-            return unsafe { slab_alloc_generic(next as *const HeapHandle, any, seed) };
+            return unsafe { slab_alloc_generic(next as *const HeapHandle, any, seed, cursor) };
         }
     }
     p
@@ -121,6 +123,7 @@ unsafe fn slab_alloc_whole<F: Warp, G: Warp, S: Fn() -> u32 + Copy>(
 /// [`slab_alloc`] for any set of lanes and heaps: the lanes are grouped by heap, and each group
 /// allocates from its own heap's chain, segment by segment, with collectives over its own lanes.
 /// A group whose heap is null or no slab gets null, having taken part in the grouping only.
+/// `cursor` as for [`slab_alloc_whole`].
 ///
 /// # Safety
 /// As for [`slab_alloc`].
@@ -130,12 +133,15 @@ unsafe fn slab_alloc_generic<W: Warp, S: Fn() -> u32>(
     heap: *const HeapHandle,
     warp: &W,
     seed: S,
+    cursor: bool,
 ) -> *mut u8 {
     let group = Within::grouped(warp, heap as u64);
     // SAFETY: forwarded contract.
     match unsafe { handle(heap, KIND_SLAB) } {
         // SAFETY: a formatted slab chain; the lanes of `group` pass the same one.
-        Some(h) => unsafe { slab::chain_alloc(h, &group, slab::warp_hint(seed(), h.capacity)) },
+        Some(h) => unsafe {
+            slab::chain_alloc_in(h, &group, slab::warp_hint(seed(), h.capacity), cursor)
+        },
         None => core::ptr::null_mut(),
     }
 }
@@ -168,17 +174,17 @@ pub unsafe fn slab_free<F: Warp, G: Warp>(
     }
     if any.active() == u32::MAX && one_heap(full, heap as u64) {
         // SAFETY: forwarded contract; every lane of the warp passed `heap`.
-        if unsafe { slab_free_whole(heap, h, ptr, full) } {
+        if unsafe { slab_free_whole(heap, h, ptr, full, false) } {
             return;
         }
     }
     // SAFETY: forwarded contract.
-    unsafe { slab_free_generic(heap, ptr, any) }
+    unsafe { slab_free_generic(heap, ptr, any, false) }
 }
 
 /// [`slab_free`]'s straight-line path for all 32 lanes of a warp on one `heap` (its handle `h`
 /// as `load_handle` read it): true when it is done, the same in every lane; false, having done
-/// nothing, when the pointers are not one run.
+/// nothing, when the pointers are not one run. `cursor` as for [`slab_alloc_whole`].
 ///
 /// # Safety
 /// As for [`slab_free`]; every lane of the warp makes this call with the same `heap`.
@@ -188,28 +194,37 @@ unsafe fn slab_free_whole<F: Warp>(
     h: Option<HeapHandle>,
     ptr: *mut u8,
     full: &F,
+    cursor: bool,
 ) -> bool {
     match h {
         // No slab: nothing to free, for the whole warp.
         None => true,
         // SAFETY: `h` is a copy of the formatted slab handle at `heap`.
-        Some(h) => unsafe { Slab::with_copy(&h, &*heap) }.free_run(full, ptr),
+        Some(h) => unsafe { Slab::with_copy(&h, &*heap) }
+            .cursors(cursor)
+            .free_run(full, ptr),
     }
 }
 
 /// [`slab_free`] for any set of lanes, heaps and pointers: the lanes are grouped by heap, and
-/// each group frees into its own heap's chain with collectives over its own lanes.
+/// each group frees into its own heap's chain with collectives over its own lanes. `cursor` as
+/// for [`slab_alloc_whole`].
 ///
 /// # Safety
 /// As for [`slab_free`].
 #[cold]
 #[inline(never)]
-unsafe fn slab_free_generic<W: Warp>(heap: *const HeapHandle, ptr: *mut u8, warp: &W) {
+unsafe fn slab_free_generic<W: Warp>(
+    heap: *const HeapHandle,
+    ptr: *mut u8,
+    warp: &W,
+    cursor: bool,
+) {
     let group = Within::grouped(warp, heap as u64);
     // SAFETY: forwarded contract.
     if let Some(h) = unsafe { handle(heap, KIND_SLAB) } {
         // SAFETY: a formatted slab chain; the lanes of `group` pass the same one.
-        unsafe { slab::chain_free_each(h, &group, ptr) }
+        unsafe { slab::chain_free_each_in(h, &group, ptr, cursor) }
     }
 }
 
@@ -313,7 +328,7 @@ pub unsafe fn malloc<F: Warp, G: Warp, S: Fn() -> u32 + Copy>(
                 // segment, the same in every lane.
                 return unsafe {
                     let h = load_handle(head, tag(KIND_SLAB));
-                    slab_alloc_whole(head, h, full, any, seed)
+                    slab_alloc_whole(head, h, full, any, seed, true)
                 };
             }
         }
@@ -370,8 +385,8 @@ pub unsafe fn free<F: Warp, G: Warp>(heap: *const GeneralHeader, ptr: *mut u8, f
                 // not null (its key is a class).
                 unsafe {
                     let h = load_handle(head, tag(KIND_SLAB));
-                    if !slab_free_whole(head, h, ptr, full) {
-                        slab_free_generic(head, ptr, any);
+                    if !slab_free_whole(head, h, ptr, full, true) {
+                        slab_free_generic(head, ptr, any, true);
                     }
                 }
                 return;

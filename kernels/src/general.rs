@@ -204,7 +204,7 @@ unsafe fn malloc_mixed<W: Warp>(
     // SAFETY: `home` is a formatted slab handle.
     let copy = home.map_or(HeapHandle::zeroed(), |h| unsafe { copy_handle(h) });
     // SAFETY: `copy` is a copy of the formatted slab handle `home`.
-    let slab = home.map(|h| unsafe { Slab::with_copy(&copy, h) });
+    let slab = home.map(|h| unsafe { Slab::with_copy(&copy, h) }.cursors(true));
     let (mut hint, mut shard) = (0, 0);
     if let Some(s) = slab {
         hint = slab::group_hint(seed, s.capacity());
@@ -244,7 +244,7 @@ unsafe fn malloc_mixed<W: Warp>(
             let rest = Among { warp, mask: rest };
             // The region's handle: the copy's address, passed on, would put it in local memory.
             // SAFETY: forwarded contract; exactly the lanes of `rest` make this call.
-            p = unsafe { slab::chain_alloc_after(s.home(), &rest, hint) };
+            p = unsafe { slab::chain_alloc_after(s.home(), &rest, hint, true) };
         }
     }
     p
@@ -272,7 +272,7 @@ unsafe fn alloc_class<W: Warp>(g: &GeneralHeader, warp: &W, class: u32, seed: u3
         slab::group_hint(seed, h.capacity)
     };
     // SAFETY: a formatted slab segment and the rest of its class's chain.
-    unsafe { slab::chain_alloc(h, warp, hint) }
+    unsafe { slab::chain_alloc_in(h, warp, hint, true) }
 }
 
 /// The group key of `ptr` for [`free`]: its class, [`NO_CLASS`] outside every class, or a key of
@@ -324,7 +324,7 @@ unsafe fn free_mixed<W: Warp>(
     // Read through the region, not copied as in `malloc_mixed`: copied, the free kernel (capped
     // at 32 registers) ran 18 % slower on the H100.
     // SAFETY: forwarded contract; `key < nclasses`.
-    let slab = (key < g.nclasses).then(|| unsafe { Slab::new(g.class_handle(key)) });
+    let slab = (key < g.nclasses).then(|| unsafe { Slab::new(g.class_handle(key)) }.cursors(true));
     let idx = slab.and_then(|s| s.index_of(ptr));
     let base = idx.map_or(u64::MAX, |i| i.wrapping_sub(rank_in(group, lane) as u64));
     // One 32-bit shuffle: bases at or past 2^32 blocks simply finish one group at a time.
@@ -372,7 +372,7 @@ pub unsafe fn free_class<W: Warp>(g: &GeneralHeader, warp: &W, key: u32, ptr: *m
     // SAFETY: forwarded contract; `key < nclasses`.
     let h = unsafe { g.class_handle(key) };
     // SAFETY: a formatted slab segment; the caller gives up `ptr`.
-    unsafe { slab::chain_free(h, warp, ptr) }
+    unsafe { slab::chain_free_in(h, warp, ptr, true) }
 }
 
 /// A hash of `i` and `seed`, spread over all 64 bits (splitmix-style).

@@ -38,8 +38,8 @@ mod hint;
 mod segments;
 
 pub use hint::{group_hint, warp_hint};
-pub(crate) use segments::chain_alloc_after;
 pub use segments::{chain_alloc, chain_free, chain_free_each};
+pub(crate) use segments::{chain_alloc_after, chain_alloc_in, chain_free_each_in, chain_free_in};
 
 use crate::heap_layout::*;
 use crate::sync::atomic::Ordering;
@@ -53,6 +53,9 @@ pub struct Slab<'a> {
     /// The handle in the region, which the out-of-line slow paths read, so that calling them
     /// does not make the register copy spill to memory.
     home: &'a HeapHandle,
+    /// The shard counts are cursors ([`FLAG_CURSOR_SHARDS`]): set by the caller that knows the
+    /// heap's kind (a general heap's classes), so that inlined paths fold it away.
+    cursor: bool,
 }
 
 /// No block (an index that no heap reaches).
@@ -113,7 +116,13 @@ impl<'a> Slab<'a> {
             u32::MAX
         };
         let log2 = self.h.shard_words_log2;
-        let left = take - got.count_ones();
+        // With cursors nothing was reserved: the lanes still waiting look in the hint's shard
+        // first, as far as its bitmap goes.
+        let left = if self.cursor {
+            need
+        } else {
+            take - got.count_ones()
+        };
         let mut served = 0;
         if left > 0 {
             let from = (hint >> 6) as u32;
@@ -188,9 +197,15 @@ impl<'a> Slab<'a> {
         // (each word once, the first twice): a pile-up of warps on one shard loses many rounds,
         // yet every one of them is covered here.
         let mut budget = 65 * (words + 1) + 32;
+        // With cursors nothing is reserved, so the shard may be full: the claim ends once the
+        // leader has moved through every word without a bit (a `word` of `u32::MAX` tells the
+        // lanes).
+        let mut empty_moves = 0;
         while left > 0 {
             let mut got = 0u64;
-            if is_leader {
+            if is_leader && self.cursor && empty_moves > words {
+                w = u32::MAX;
+            } else if is_leader {
                 if !known {
                     cur = self.word(w).load(Ordering::Relaxed);
                     known = true;
@@ -201,16 +216,21 @@ impl<'a> Slab<'a> {
             }
             let got = warp.shfl64(active, got, leader);
             let word = warp.shfl(active, w, leader);
+            if word == u32::MAX {
+                break;
+            }
             let n = got.count_ones();
             if rank >= served && rank < served + n {
                 *mine = word as u64 * 64 + nth_set_bit(got, rank - served) as u64;
             }
             served += n;
             left -= n;
+            empty_moves = if n > 0 { 0 } else { empty_moves };
             if is_leader && left > 0 && (!cur & self.valid_bits(w) & (u64::MAX << from)) == 0 {
                 w = if w + 1 == first + words { first } else { w + 1 };
                 from = 0;
                 known = false;
+                empty_moves += 1;
             }
             budget -= 1;
             if budget == 0 {
@@ -263,6 +283,14 @@ impl<'a> Slab<'a> {
 #[inline(never)]
 fn wrap_hint(hint: u64, cap: u64) -> u64 {
     hint % cap
+}
+
+/// A cursor's place `at` in a short last shard of `cap` blocks (`at >= cap`): out of line, as
+/// [`wrap_hint`].
+#[cold]
+#[inline(never)]
+fn wrap_cursor(at: u32, cap: u32) -> u32 {
+    at % cap
 }
 
 /// `hint`, a block index among `from` blocks, moved to the same fraction of `to` blocks: to a
