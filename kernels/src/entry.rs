@@ -78,7 +78,7 @@ pub unsafe fn slab_alloc<F: Warp, G: Warp, S: Fn() -> u32 + Copy>(
         }
     }
     // SAFETY: forwarded contract.
-    unsafe { slab_alloc_generic(heap, any, seed, false) }
+    unsafe { slab_alloc_generic::<_, _, false>(heap, any, seed) }
 }
 
 /// Whether every lane of a whole warp (`full`, all 32 lanes calling together) passed the same
@@ -113,8 +113,15 @@ unsafe fn slab_alloc_whole<F: Warp, G: Warp, S: Fn() -> u32 + Copy>(
         // SAFETY: as above; read here only, so the fast path never holds it.
         let next = unsafe { (*heap).next };
         if next != 0 {
+            let next = next as *const HeapHandle;
             // SAFETY: `next` is the next formatted segment of the chain.
-            return unsafe { slab_alloc_generic(next as *const HeapHandle, any, seed, cursor) };
+            return unsafe {
+                if cursor {
+                    slab_alloc_generic::<_, _, true>(next, any, seed)
+                } else {
+                    slab_alloc_generic::<_, _, false>(next, any, seed)
+                }
+            };
         }
     }
     p
@@ -123,24 +130,24 @@ unsafe fn slab_alloc_whole<F: Warp, G: Warp, S: Fn() -> u32 + Copy>(
 /// [`slab_alloc`] for any set of lanes and heaps: the lanes are grouped by heap, and each group
 /// allocates from its own heap's chain, segment by segment, with collectives over its own lanes.
 /// A group whose heap is null or no slab gets null, having taken part in the grouping only.
-/// `cursor` as for [`slab_alloc_whole`].
+/// `CURSOR` as `cursor` for [`slab_alloc_whole`] (a parameter of the type, so that the slab's
+/// callers pass nothing more).
 ///
 /// # Safety
 /// As for [`slab_alloc`].
 #[cold]
 #[inline(never)]
-unsafe fn slab_alloc_generic<W: Warp, S: Fn() -> u32>(
+unsafe fn slab_alloc_generic<W: Warp, S: Fn() -> u32, const CURSOR: bool>(
     heap: *const HeapHandle,
     warp: &W,
     seed: S,
-    cursor: bool,
 ) -> *mut u8 {
     let group = Within::grouped(warp, heap as u64);
     // SAFETY: forwarded contract.
     match unsafe { handle(heap, KIND_SLAB) } {
         // SAFETY: a formatted slab chain; the lanes of `group` pass the same one.
         Some(h) => unsafe {
-            slab::chain_alloc_in(h, &group, slab::warp_hint(seed(), h.capacity), cursor)
+            slab::chain_alloc_in(h, &group, slab::warp_hint(seed(), h.capacity), CURSOR)
         },
         None => core::ptr::null_mut(),
     }
@@ -179,7 +186,7 @@ pub unsafe fn slab_free<F: Warp, G: Warp>(
         }
     }
     // SAFETY: forwarded contract.
-    unsafe { slab_free_generic(heap, ptr, any, false) }
+    unsafe { slab_free_generic::<_, false>(heap, ptr, any) }
 }
 
 /// [`slab_free`]'s straight-line path for all 32 lanes of a warp on one `heap` (its handle `h`
@@ -207,24 +214,23 @@ unsafe fn slab_free_whole<F: Warp>(
 }
 
 /// [`slab_free`] for any set of lanes, heaps and pointers: the lanes are grouped by heap, and
-/// each group frees into its own heap's chain with collectives over its own lanes. `cursor` as
-/// for [`slab_alloc_whole`].
+/// each group frees into its own heap's chain with collectives over its own lanes. `CURSOR` as
+/// for [`slab_alloc_generic`].
 ///
 /// # Safety
 /// As for [`slab_free`].
 #[cold]
 #[inline(never)]
-unsafe fn slab_free_generic<W: Warp>(
+unsafe fn slab_free_generic<W: Warp, const CURSOR: bool>(
     heap: *const HeapHandle,
     ptr: *mut u8,
     warp: &W,
-    cursor: bool,
 ) {
     let group = Within::grouped(warp, heap as u64);
     // SAFETY: forwarded contract.
     if let Some(h) = unsafe { handle(heap, KIND_SLAB) } {
         // SAFETY: a formatted slab chain; the lanes of `group` pass the same one.
-        unsafe { slab::chain_free_each_in(h, &group, ptr, cursor) }
+        unsafe { slab::chain_free_each_in(h, &group, ptr, CURSOR) }
     }
 }
 
@@ -386,7 +392,7 @@ pub unsafe fn free<F: Warp, G: Warp>(heap: *const GeneralHeader, ptr: *mut u8, f
                 unsafe {
                     let h = load_handle(head, tag(KIND_SLAB));
                     if !slab_free_whole(head, h, ptr, full, true) {
-                        slab_free_generic(head, ptr, any, true);
+                        slab_free_generic::<_, true>(head, ptr, any);
                     }
                 }
                 return;
