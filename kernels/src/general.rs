@@ -19,8 +19,10 @@
 //! counts pointers that are not one of its blocks). Pointers outside every class are counted as
 //! foreign frees in the header; null is ignored.
 //!
-//! No new atomic protocol: the header is read-only while kernels run, and every atomic is the
-//! slab's own, on one class's segment at a time (grouping only narrows which lanes take part).
+//! The header is read-only while kernels run, and every atomic is the slab's own, on one class's
+//! segment at a time (grouping only narrows which lanes take part). The class slabs' shard counts
+//! are cursors ([`crate::heap_layout::FLAG_CURSOR_SHARDS`]): a group's free is one `fetch_and`,
+//! and the bitmap alone says which blocks are in use.
 
 use crate::heap_layout::*;
 use crate::size_class::{class_of, NUM_CLASSES};

@@ -25,6 +25,13 @@
 //! mode, so the heap stays consistent, and counted in checked mode ([`FLAG_CHECKED_FREES`]).
 //! Pointers outside the heap or not at a block start are counted and ignored in either mode.
 //!
+//! **Cursors** ([`FLAG_CURSOR_SHARDS`], the classes of `carve_malloc`): the shard counts only
+//! say where a group's run starts (a Relaxed `fetch_add` moves the cursor on), nothing is
+//! reserved, and a free is its `fetch_and` alone. The bitmap is the whole truth: whether a shard
+//! has room is read from its words, a claim that finds none ends after one pass over them, and
+//! the host counts the blocks in use in the bitmap. Lanes freeing the same block in one call
+//! clear it once, since a cleared bit can be claimed at once.
+//!
 //! No device-wide fence is on either path: the handover of a block is ordered by the Acquire and
 //! Release of the bitmap atomics themselves; the counts are Relaxed hints plus the reservation
 //! invariant above.
@@ -171,7 +178,8 @@ impl<'a> Slab<'a> {
 
     /// Claims `take` reserved bits of `shard`, starting at `start_word` bit `from`, and gives
     /// the lane of rank `served + j` the `j`-th of them. Returns how many it claimed (`take`
-    /// unless frees kept racing it; the rest of the reservation is then given back).
+    /// unless frees kept racing it, or, with cursors, the shard had fewer clear bits; the rest
+    /// of the reservation is then given back).
     #[inline(always)]
     fn claim<W: Warp>(
         &self,
