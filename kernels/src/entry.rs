@@ -9,7 +9,8 @@
 //!
 //! **Lanes may pass different heaps** (or null, or a heap of another kind). A whole warp is
 //! checked for one heap with one `match.any.sync` over the full warp before any straight-line
-//! path; any other warp goes to the generic path, which first groups the calling lanes by heap
+//! path (`malloc`: one `match.all.sync` on heap and class together, [`heap_class_key`]); any
+//! other warp goes to the generic path, which first groups the calling lanes by heap
 //! (one `match_any`, [`Within::grouped`]) and then runs each group's collectives over that
 //! group's lanes only. A lane whose heap is null or of another kind takes part in the grouping,
 //! then returns null (or frees nothing) with the rest of its group, so no collective ever names
@@ -22,6 +23,7 @@ use crate::heap_layout::{
 };
 use crate::slab::{self, Slab};
 use crate::warp::{Warp, Within};
+use static_assertions::const_assert;
 
 #[cfg(target_arch = "nvptx64")]
 use crate::global_mem::{load_class_pointer, load_handle};
@@ -321,14 +323,14 @@ pub unsafe fn malloc<F: Warp, G: Warp, S: Fn() -> u32 + Copy>(
         let slot = class.min(GENERAL_CLASS_SLOTS as u32 - 1);
         // SAFETY: forwarded contract.
         let loaded = unsafe { load_general(heap, slot) };
-        if one_heap(full, heap as u64) {
+        // One match for heap and class, over the whole warp, before anything waits for the
+        // loads: a warp on one heap asking one class learns it in the loads' shadow.
+        let key = heap_class_key(heap as u64, class);
+        if full.match_all(u32::MAX, key) && key & KEY_CLASS_BITS != KEY_UNALIGNED {
             let Some((front, head)) = loaded else {
                 return core::ptr::null_mut();
             };
-            // Every lane of the full warp takes part in the match (a class test first would
-            // let some lanes skip a collective that names them); after it, `class` is the same
-            // in every lane.
-            if full.match_all(u32::MAX, class as u64) && class < front.nclasses {
+            if class < front.nclasses {
                 let head = head as *const HeapHandle;
                 // SAFETY: `class < nclasses`: the address of that class's formatted slab
                 // segment, the same in every lane.
@@ -341,6 +343,26 @@ pub unsafe fn malloc<F: Warp, G: Warp, S: Fn() -> u32 + Copy>(
     }
     // SAFETY: forwarded contract.
     unsafe { malloc_generic(heap, bytes, any, seed) }
+}
+
+/// The low bits of [`heap_class_key`] that hold the class.
+pub const KEY_CLASS_BITS: u64 = 63;
+/// [`heap_class_key`]'s class bits for a heap address that is not 64-byte aligned: no class.
+pub const KEY_UNALIGNED: u64 = KEY_CLASS_BITS;
+const_assert!((general::NO_CLASS as u64) < KEY_UNALIGNED);
+
+/// The key on which [`malloc`] matches a whole warp: `heap | class` for a 64-byte aligned heap
+/// (carve formats every general header at least 4096-byte aligned), so lanes agree on the key
+/// exactly when they pass the same heap and ask the same class; `heap |` [`KEY_UNALIGNED`]
+/// otherwise, which no aligned heap's key equals, and which [`malloc`] sends to the generic
+/// path even when every lane holds it.
+#[inline(always)]
+pub fn heap_class_key(heap: u64, class: u32) -> u64 {
+    if heap & KEY_CLASS_BITS == 0 {
+        heap | class as u64
+    } else {
+        heap | KEY_UNALIGNED
+    }
 }
 
 /// [`malloc`] for any set of lanes, heaps and sizes: grouped by heap, then by class

@@ -231,3 +231,6 @@ fn disjoint(blocks: &mut [(u64, u64)]) -> bool {
 // Warps whose lanes ask for several classes at once.
 #[path = "general_heap/mixed_warps.rs"]
 mod mixed_warps;
+// `carve_malloc`'s entry point for a whole warp: one class of one heap, or a fall back.
+#[path = "general_heap/one_class.rs"]
+mod one_class;
