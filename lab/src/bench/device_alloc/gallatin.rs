@@ -93,6 +93,21 @@ fn nvcc_args(include: &Path, src: &Path, exe: &Path, cc: (i32, i32)) -> Vec<OsSt
     args
 }
 
+/// A new temporary directory with a random name that only this user can enter (tempfile's own
+/// mode follows the umask).
+fn private_dir() -> std::io::Result<tempfile::TempDir> {
+    let mut b = tempfile::Builder::new();
+    b.prefix("carve-gallatin-");
+    #[cfg(unix)]
+    let owner_only = {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::Permissions::from_mode(0o700)
+    };
+    #[cfg(unix)]
+    b.permissions(owner_only);
+    b.tempdir()
+}
+
 /// The built harness, in a temporary directory removed when this is dropped.
 #[derive(Debug)]
 pub(super) struct Harness {
@@ -105,10 +120,8 @@ pub(super) struct Harness {
 impl Found {
     /// Builds the harness for a device of compute capability `cc`, or says why it failed.
     pub fn build(&self, cc: (i32, i32)) -> Result<Harness, String> {
-        let dir = tempfile::Builder::new()
-            .prefix("carve-gallatin-")
-            .tempdir()
-            .map_err(|e| format!("a temporary directory for the harness: {e}"))?;
+        let dir =
+            private_dir().map_err(|e| format!("a temporary directory for the harness: {e}"))?;
         let src = dir.path().join("harness.cu");
         let exe = dir.path().join("harness");
         std::fs::write(&src, HARNESS).map_err(|e| format!("{}: {e}", src.display()))?;
@@ -125,20 +138,46 @@ impl Found {
                 tail(&String::from_utf8_lossy(&out.stderr), 5)
             ));
         }
+        let flags: Vec<_> = args[..5].iter().map(|a| a.to_string_lossy()).collect();
         Ok(Harness {
             built: format!(
-                "built in {:.0} s: {} {}",
+                "built in {:.0} s with {}{} {}, Gallatin {}",
                 started.elapsed().as_secs_f64(),
                 self.nvcc.display(),
-                args.iter()
-                    .map(|a| a.to_string_lossy())
-                    .collect::<Vec<_>>()
-                    .join(" ")
+                version(&self.nvcc).map_or(String::new(), |v| format!(" ({v})")),
+                flags.join(" "),
+                commit(&self.include).unwrap_or_else(|| "(no git commit found)".into()),
             ),
             exe,
             _dir: dir,
         })
     }
+}
+
+/// nvcc's release line (`Cuda compilation tools, release 13.0, V13.0.88`), if it prints one.
+fn version(nvcc: &Path) -> Option<String> {
+    let out = Command::new(nvcc).arg("--version").output().ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.contains("release"))
+        .map(|l| l.trim().to_string())
+}
+
+/// The checkout's commit, if the directory above `include` is the top of a git work tree (a
+/// checkout copied inside another repository is not that repository's commit).
+fn commit(include: &Path) -> Option<String> {
+    let dir = include.parent()?;
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["rev-parse", "--show-toplevel", "--short=12", "HEAD"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines();
+    let (top, head) = (lines.next()?, lines.next()?);
+    let same = std::fs::canonicalize(top).ok()? == std::fs::canonicalize(dir).ok()?;
+    (out.status.success() && same).then(|| format!("at {head}"))
 }
 
 /// The last `lines` non-empty lines of `text`, joined with " / ".
@@ -390,13 +429,23 @@ mod tests {
     /// its own that goes with it, and a machine without a GPU makes it fail with a reason.
     #[test]
     fn builds_the_harness_when_given_a_checkout_and_nvcc() {
+        use std::io::Write;
         let Some(dir) = std::env::var_os("CARVE_GALLATIN_DIR") else {
-            eprintln!("skipped: set CARVE_GALLATIN_DIR to a Gallatin checkout (and have nvcc)");
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED builds_the_harness_when_given_a_checkout_and_nvcc: \
+                 CARVE_GALLATIN_DIR (a Gallatin checkout) is not set"
+            );
             return;
         };
         let found = find(Some(Path::new(&dir))).unwrap();
-        let h = found.build((9, 0)).unwrap();
+        // The device's architecture where there is one, else the H100's.
+        let cc = carve::Device::get(0)
+            .and_then(|d| d.properties())
+            .map_or((9, 0), |p| p.compute_capability);
+        let h = found.build(cc).unwrap();
         assert!(h.exe.is_file(), "{}", h.built);
+        eprintln!("harness {}", h.built);
         let tmp = h._dir.path().to_path_buf();
         let req = Request {
             n: 1024,
@@ -413,6 +462,21 @@ mod tests {
         }
         drop(h);
         assert!(!tmp.exists());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_build_directory_is_the_users_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = private_dir().unwrap();
+        let mode = std::fs::metadata(dir.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        assert!(dir
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("carve-gallatin-"));
     }
 
     #[test]
