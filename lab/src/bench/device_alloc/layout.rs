@@ -12,7 +12,7 @@ pub(super) struct Peer {
     pub failed: u64,
 }
 
-/// A carve rate: one decimal, as the tables have always printed them.
+/// A carve rate, with one decimal.
 pub(super) fn rate(v: f64) -> String {
     format!("{v:.1}")
 }

@@ -9,7 +9,7 @@ use carve::{DeviceHeap, DeviceVec, SharedResource};
 use super::args::SlabHeap;
 use super::gallatin::{self, Harness, Request, Sizes};
 use super::layout::{rate, with_failures, SlabMeasured, SlabRow};
-use super::timing::{per_s, time, time_alloc_free, timed_malloc_free, Ctx};
+use super::timing::{per_s, time, time_alloc_free, timed_malloc_free, Ctx, RUNS};
 
 /// Largest heap the benchmark reserves.
 const MAX_HEAP: u64 = 40 << 30;
@@ -124,8 +124,7 @@ pub(super) fn rows(
                 rows.push(row);
                 continue;
             }
-            // In the order the table has always measured them: the heaps of one row come and
-            // go in the same sequence.
+            // The heaps of one row come and go in a fixed order: the bump arena, then the slabs.
             let mut m = SlabMeasured::default();
             if !slab_only {
                 let (ctr, sink) = (counter.as_ptr(), counter.as_ptr() + 8);
@@ -165,7 +164,7 @@ pub(super) fn rows(
                         n * gallatin::granted(bs),
                         c.args.gallatin_heap_gib,
                     ),
-                    runs: super::timing::RUNS,
+                    runs: RUNS,
                 };
                 m.gallatin = g.row(&req, &format!("2^{log_n} × {bs} B"), notes);
             }
