@@ -164,17 +164,53 @@ pub fn torch_slot(slot: usize) -> Option<Arc<Entry>> {
         .clone()
 }
 
-/// Allocates from `resource` through `device`'s torch budget; a refusal by the budget names the
-/// memory fraction.
+/// A resource wrapped to count against a device's torch budget, with what it was built for.
+struct Limited {
+    /// The wrapped resource's address and the device.
+    key: (usize, usize),
+    limited: SharedResource,
+}
+
+/// The last budget-counting adaptor built per torch slot, then per device for the current
+/// resource: PyTorch allocates through the same resource call after call, and building the
+/// adaptor each time would cost two heap allocations on its allocation path. An entry keeps its
+/// resource alive, so no other resource can take its address while it is cached.
+static TORCH_LIMITED: LazyLock<Vec<RwLock<Option<Limited>>>> = LazyLock::new(|| {
+    (0..TORCH_SLOTS + MAX_DEVICES)
+        .map(|_| RwLock::new(None))
+        .collect()
+});
+
+/// `resource` counting against `device`'s torch budget, from cache entry `cache` when it was
+/// built for the same resource and device.
+fn limited(cache: usize, resource: SharedResource, device: usize) -> SharedResource {
+    let key = (Arc::as_ptr(&resource).cast::<()>() as usize, device);
+    let cell = &TORCH_LIMITED[cache];
+    if let Some(hit) = cell.read().unwrap_or_else(PoisonError::into_inner).as_ref() {
+        if hit.key == key {
+            return hit.limited.clone();
+        }
+    }
+    let budget = torch_budget(device).clone();
+    let limited: SharedResource = Arc::new(LimitingResourceAdaptor::with_budget(resource, budget));
+    *cell.write().unwrap_or_else(PoisonError::into_inner) = Some(Limited {
+        key,
+        limited: limited.clone(),
+    });
+    limited
+}
+
+/// Allocates from `resource` (cached in entry `cache`) through `device`'s torch budget; a
+/// refusal by the budget names the memory fraction.
 fn torch_alloc_from(
+    cache: usize,
     resource: SharedResource,
     size: usize,
     stream: StreamRef<'_>,
     device: usize,
 ) -> FfiResult<*mut c_void> {
     let budget = torch_budget(device);
-    let limited = LimitingResourceAdaptor::with_budget(resource, budget.clone());
-    alloc_recorded(Arc::new(limited), size, stream).map_err(|e| {
+    alloc_recorded(limited(cache, resource, device), size, stream).map_err(|e| {
         let (used, cap) = (budget.allocated_bytes(), budget.limit());
         if e.code == Code::OutOfMemory && used.saturating_add(size) > cap {
             FfiError::new(
@@ -201,22 +237,28 @@ unsafe fn torch_alloc(
             return Ok(std::ptr::null_mut());
         }
         let device = device(dev)?;
-        let resource = match slot {
-            None => carve::current::get(device)?,
-            Some(s) => torch_slot(s)
-                .ok_or_else(|| {
-                    FfiError::new(
-                        Code::InvalidHandle,
-                        format!("torch slot {s} has no resource bound"),
-                    )
-                })?
-                .resource
-                .clone(),
+        let (cache, resource) = match slot {
+            None => (
+                TORCH_SLOTS + device % MAX_DEVICES,
+                carve::current::get(device)?,
+            ),
+            Some(s) => (
+                s,
+                torch_slot(s)
+                    .ok_or_else(|| {
+                        FfiError::new(
+                            Code::InvalidHandle,
+                            format!("torch slot {s} has no resource bound"),
+                        )
+                    })?
+                    .resource
+                    .clone(),
+            ),
         };
         // SAFETY: the caller passes a stream valid for this call, which is all the handle is
         // used for.
         let stream = unsafe { stream_of(stream) };
-        torch_alloc_from(resource, size, stream, device)
+        torch_alloc_from(cache, resource, size, stream, device)
     })
     .unwrap_or(std::ptr::null_mut())
 }

@@ -145,3 +145,62 @@ fn bench_runs_quickly_and_prints_a_table() {
     );
     assert!(text.contains("| host (std::alloc) | 65536 |"), "{text}");
 }
+
+/// `carve bench device-alloc --only slab` at 2^20 × 16 B with `--gallatin` and `env`: it
+/// exits 0 and prints its tables, on a GPU machine or not.
+fn device_alloc_with_gallatin(dir: &std::path::Path, env: &[(&str, &str)]) -> Option<String> {
+    let bin = carve_bin()?;
+    let out = Command::new(bin)
+        .args([
+            "bench",
+            "device-alloc",
+            "--only",
+            "slab",
+            "--log-threads",
+            "20",
+        ])
+        .args(["--block", "16", "--gallatin"])
+        .arg(dir)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn device_alloc_says_why_gallatin_is_left_out_and_still_runs() {
+    // No checkout at DIR.
+    let none = tempfile::tempdir().unwrap();
+    let Some(text) = device_alloc_with_gallatin(&none.path().join("gallatin"), &[]) else {
+        return;
+    };
+    assert!(
+        text.contains("Gallatin columns left out: --gallatin"),
+        "{text}"
+    );
+    assert!(
+        text.contains("include/gallatin/allocators/gallatin.cuh"),
+        "{text}"
+    );
+    assert!(!text.contains("| Gallatin alloc |"), "{text}");
+    // A checkout, but no nvcc.
+    let checkout = tempfile::tempdir().unwrap();
+    let header = checkout.path().join("include/gallatin/allocators");
+    std::fs::create_dir_all(&header).unwrap();
+    std::fs::write(header.join("gallatin.cuh"), "").unwrap();
+    let missing = none.path().join("bin/nvcc");
+    let text =
+        device_alloc_with_gallatin(checkout.path(), &[("CUDACXX", missing.to_str().unwrap())])
+            .unwrap();
+    assert!(
+        text.contains("Gallatin columns left out: nvcc not found: CUDACXX="),
+        "{text}"
+    );
+    assert!(!text.contains("| Gallatin alloc |"), "{text}");
+    // Either way the table is there, measured or saying why not.
+    assert!(text.contains("| N | block B | empty kernel ms |"), "{text}");
+    if Device::count().is_err() {
+        assert!(text.contains("nothing measured"), "{text}");
+    }
+}

@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+# The shared model, from the repository (lab/bench/python) or the staged .gpu-python/bench/python.
 for tests in (os.path.join(ROOT, "python", "tests", "gpu"), os.path.join(ROOT, "..", "python", "tests", "gpu")):
     sys.path.insert(0, tests)
 

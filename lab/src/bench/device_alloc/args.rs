@@ -1,5 +1,7 @@
 //! `carve bench device-alloc`'s flags, which narrow its grid to one table or a few sizes.
 
+use std::path::PathBuf;
+
 use clap::{Args, ValueEnum};
 
 /// `carve bench device-alloc` options: narrow the grid (for a focused run, or under a profiler).
@@ -26,6 +28,15 @@ pub struct DeviceAllocArgs {
     /// device-alloc, per-class table: the largest thread count (log2; default 22).
     #[arg(long, value_name = "LOG2_N")]
     pub class_log_threads: Option<u32>,
+    /// device-alloc: a checkout of saltsystemslab/gallatin; with nvcc on this machine, its
+    /// harness (lab/gallatin/harness.cu) is built against DIR/include and Gallatin joins the slab
+    /// and mixed-size tables (without it, or without nvcc, the tables say why it is left out).
+    #[arg(long, value_name = "DIR")]
+    pub gallatin: Option<PathBuf>,
+    /// device-alloc, with --gallatin: Gallatin's heap in GiB for every row (default: twice the
+    /// bytes it hands out, plus 1 GiB).
+    #[arg(long, value_name = "GIB")]
+    pub gallatin_heap_gib: Option<f64>,
     /// device-alloc: where slab heaps come from.
     #[arg(long, value_enum, default_value_t = SlabHeap::Virtual)]
     pub slab_heap: SlabHeap,
@@ -52,4 +63,13 @@ pub enum SlabHeap {
     Virtual,
     /// cuMemAlloc.
     Cuda,
+}
+
+/// `given`, or `default` when it is empty (the flag was not passed).
+pub(super) fn or_default<T: Clone>(given: &[T], default: Vec<T>) -> Vec<T> {
+    if given.is_empty() {
+        default
+    } else {
+        given.to_vec()
+    }
 }
