@@ -247,16 +247,19 @@ fn pool_survives_failing_and_panicking_stream_orders() {
     });
 }
 
+/// Two arenas of 1 MiB superblocks over a global arena of two shards, ordered by `order`.
+fn two_arenas(order: Arc<dyn StreamOrder>) -> ArenaOptions {
+    ArenaOptions {
+        superblock_size: 1 << 20,
+        arenas: 2,
+        global: PoolOptions::new(0).shards(2).order(order),
+    }
+}
+
 #[test]
 fn arena_survives_failing_and_panicking_stream_orders() {
     check_resource("arena", |up, order| {
-        let opts = ArenaOptions {
-            superblock_size: 1 << 20,
-            arenas: 2,
-            global: PoolOptions::new(0)
-                .shards(2)
-                .order(order.clone() as Arc<dyn StreamOrder>),
-        };
+        let opts = two_arenas(order.clone());
         Arc::new(order.check(ArenaMemoryResource::new(up, opts).unwrap()))
     });
 }
@@ -289,6 +292,19 @@ impl StreamOrder for PanickingMarks {
     }
 }
 
+/// Allocates and frees one small block of `mr` on simulated stream `stream`, from a new thread
+/// (which takes the next arena ticket).
+fn block_on_new_thread(mr: ArenaMemoryResource<HostMemoryResource>, stream: usize) {
+    std::thread::spawn(move || {
+        let s = StreamRef::simulated(stream);
+        let p = mr.allocate(s, 256, 256).unwrap();
+        // SAFETY: allocated just above with these arguments.
+        unsafe { mr.deallocate(s, p, 256, 256) }.unwrap();
+    })
+    .join()
+    .unwrap();
+}
+
 /// `release()` takes every arena's empty superblocks out of the arenas, then gives them back to
 /// the global arena one by one. A free there that unwinds (its mark panics after the free took
 /// effect) must leave the superblocks not yet given back in the books: they count as neither
@@ -299,13 +315,7 @@ fn arena_release_that_unwinds_loses_no_superblock() {
     for round in 0..32usize {
         let order = Arc::new(PanickingMarks::default());
         let host = HostMemoryResource::new();
-        let opts = ArenaOptions {
-            superblock_size: 1 << 20,
-            arenas: 2,
-            global: PoolOptions::new(0)
-                .shards(2)
-                .order(order.clone() as Arc<dyn StreamOrder>),
-        };
+        let opts = two_arenas(order.clone());
         let mr = ArenaMemoryResource::new(host.clone(), opts).unwrap();
         // Threads take arenas by a process-wide ticket: a thread that takes one elsewhere in
         // odd rounds swaps which arena the first superblock lands in, and with it whether the
@@ -315,28 +325,14 @@ fn arena_release_that_unwinds_loses_no_superblock() {
             let scratch =
                 ArenaMemoryResource::new(HostMemoryResource::new(), ArenaOptions::default())
                     .unwrap();
-            std::thread::spawn(move || {
-                let p = scratch.allocate(StreamRef::simulated(1), 256, 256).unwrap();
-                // SAFETY: allocated just above with these arguments.
-                unsafe { scratch.deallocate(StreamRef::simulated(1), p, 256, 256) }.unwrap();
-            })
-            .join()
-            .unwrap();
+            block_on_new_thread(scratch, 1);
         }
         // Then one spare superblock in each arena, from new threads until both hold one.
         for t in 0..16 {
             if mr.stats().superblocks == 2 {
                 break;
             }
-            let mr = mr.clone();
-            std::thread::spawn(move || {
-                let s = StreamRef::simulated(1 + (round * 7 + t) % 5);
-                let p = mr.allocate(s, 256, 256).unwrap();
-                // SAFETY: allocated just above with these arguments.
-                unsafe { mr.deallocate(s, p, 256, 256) }.unwrap();
-            })
-            .join()
-            .unwrap();
+            block_on_new_thread(mr.clone(), 1 + (round * 7 + t) % 5);
         }
         assert_eq!(mr.stats().superblocks, 2, "round {round}: set-up");
         order
