@@ -115,8 +115,8 @@ class AsyncResource(Resource):
 
     @property
     def pool_handle(self) -> int:
-        """The driver pool (``CUmemoryPool`` as an int), e.g. for
-        ``cupy.cuda.MemoryAsyncPool(pool_handle)`` to share it."""
+        """The driver pool (``CUmemoryPool`` as an int), e.g. for CuPy's
+        ``cupy.cuda.MemoryAsyncPool``, which takes one handle per visible device."""
         return self._r.pool_handle
 
     def __init__(

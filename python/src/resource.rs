@@ -89,7 +89,8 @@ impl Resource {
     }
 
     /// The driver pool (`CUmemoryPool`, as an int) of an async resource, else None: share it
-    /// with CuPy (`cupy.cuda.MemoryAsyncPool(handle)`) or PyTorch's cudaMallocAsync backend.
+    /// with CuPy (`cupy.cuda.MemoryAsyncPool`, one handle per device) or PyTorch's
+    /// cudaMallocAsync backend.
     #[getter]
     fn pool_handle(&self) -> Option<usize> {
         self.entry.driver_pool

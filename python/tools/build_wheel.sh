@@ -38,11 +38,12 @@ mkdir -p "$out/wheels" "$out/deps" "$out/python" "$out/bench" "$out/examples"
 find python/carve -name __pycache__ -prune -exec rm -rf {} +
 PATH="$(cd "$venv/bin" && pwd):$PATH" CARGO_TARGET_DIR="$root/target/python" "$venv/bin/maturin" build \
   --release --strip --compatibility "$policy" ${zig[@]+"${zig[@]}"} -m python/Cargo.toml -o "$out/wheels"
-# pytest for the GPU machine in case it lacks it (it has no network).
-"$venv/bin/pip" download -q -d "$out/deps" --only-binary=:all: --python-version 3.9 pytest exceptiongroup tomli \
+# pytest for the GPU machine in case it lacks it (it has no network). python3's own pip: the
+# build venv's scripts point at the interpreter that made it, which may be gone.
+python3 -m pip download -q -d "$out/deps" --only-binary=:all: --python-version 3.9 pytest exceptiongroup tomli \
   || echo "warning: could not download pytest; the GPU machine must have it" >&2
 # dask and distributed (with their dependencies) for carve.dask's GPU test: the GPU machine's
-# Python is 3.12 and lacks them. python3's own pip: the build venv's may be broken.
+# Python is 3.12 and lacks them.
 python3 -m pip download -q -d "$out/deps" --only-binary=:all: --python-version 3.12 \
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 dask distributed \

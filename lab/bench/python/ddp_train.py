@@ -41,6 +41,14 @@ NAMES = {
 }
 
 
+def emit(line):
+    """Prints one line for the launcher to parse. Both ranks share torchrun's stdout pipe, and
+    print() makes two writes (the text, then the newline) when Python runs unbuffered: one
+    write() of at most PIPE_BUF bytes reaches the pipe whole."""
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), (line + "\n").encode())
+
+
 def deterministic(torch):
     """Kernels that give the same bits on every run, whatever the addresses."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -134,7 +142,7 @@ def worker(args):
             end.synchronize()
             if i >= args.warmup:
                 times.append(start.elapsed_time(end))
-            print(f"LOSS rank={rank} step={i} loss={loss.item():.6f}", flush=True)
+            emit(f"LOSS rank={rank} step={i} loss={loss.item():.6f}")
             if pool is not None and not checked:
                 # DDP all-reduced these buckets in the step just run.
                 ranges = carve_ranges(torch, pool)
@@ -146,8 +154,8 @@ def worker(args):
                 assert not off, f"not on carve memory: {off}"
                 stats = base.stats()
                 assert stats["bytes_in_use"] > 0, stats
-                print(f"CHECKED rank={rank}: {len(bufs)} collective tensors on carve's "
-                      f"{len(ranges)} segments; carve bytes in use {stats['bytes_in_use']}", flush=True)
+                emit(f"CHECKED rank={rank}: {len(bufs)} collective tensors on carve's "
+                     f"{len(ranges)} segments; carve bytes in use {stats['bytes_in_use']}")
                 checked = True
         torch.cuda.synchronize()
         if registered is not None:
@@ -160,7 +168,7 @@ def worker(args):
             "carve": carve_peak(base, counted),
         }
         out["device"] = out["carve"] + out["outside"]
-        print("RESULT " + json.dumps(out), flush=True)
+        emit("RESULT " + json.dumps(out))
         del ddp, model, opt, x, gathered, b
     dist.destroy_process_group()
 

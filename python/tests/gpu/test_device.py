@@ -85,7 +85,10 @@ def test_async_pool_handle_is_shared_with_cupy():
     cupy = need("cupy")
     a = carve.AsyncResource(0)
     assert a.pool_handle
-    shared = cupy.cuda.MemoryAsyncPool(a.pool_handle)
+    # One handle per visible device: CuPy makes a single int every device's pool, and a device
+    # refuses a pool of another (cudaErrorInvalidValue with two GPUs).
+    n = cupy.cuda.runtime.getDeviceCount()
+    shared = cupy.cuda.MemoryAsyncPool([a.pool_handle] + ["current"] * (n - 1))
     mem = shared.malloc(1 << 20)
     assert mem.ptr
     del mem

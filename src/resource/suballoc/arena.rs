@@ -210,7 +210,8 @@ impl<R: MemoryResource> ArenaMemoryResource<R> {
     /// Returns empty superblocks to the global arena, then every wholly free upstream chunk of
     /// the global arena to the upstream ([`PoolMemoryResource::release`]), after waiting for
     /// all work on the device. Returns the bytes released upstream. A superblock or chunk whose
-    /// free fails stays in the books (and is tried again by the next `release` or on drop).
+    /// free fails stays in the books (and is tried again by the next `release` or on drop), as
+    /// do the superblocks not yet given back when a give-back unwinds.
     pub fn release(&self) -> Result<usize> {
         let mut first = Ok(());
         {
@@ -228,7 +229,11 @@ impl<R: MemoryResource> ArenaMemoryResource<R> {
                 core.spare = None;
             }
             drop(cores);
-            for (i, base) in empty {
+            let mut returning = Returning {
+                inner: &self.inner,
+                left: empty.into_iter(),
+            };
+            for (i, base) in returning.left.by_ref() {
                 // All work is done: any stream may take it, so no stream tags it.
                 let r = self.give_back(&self.inner.arenas[i], base, None, StreamRef::DEFAULT);
                 if first.is_ok() {
@@ -261,6 +266,25 @@ impl<R: MemoryResource> ArenaMemoryResource<R> {
             lock(&arena.core).index.add_chunk(base, sb, tag);
         }
         r
+    }
+}
+
+/// The empty superblocks [`ArenaMemoryResource::release`] took out of their arenas and has not
+/// given back yet. If a give-back unwinds (the global arena's free took effect, then an
+/// ordering call panicked), dropping this puts the rest back into their arenas, free to any
+/// stream, where the next `release` finds them: none is lost.
+struct Returning<'a, R: MemoryResource> {
+    inner: &'a Inner<R>,
+    left: std::vec::IntoIter<(usize, usize)>,
+}
+
+impl<R: MemoryResource> Drop for Returning<'_, R> {
+    fn drop(&mut self) {
+        for (i, base) in self.left.by_ref() {
+            lock(&self.inner.arenas[i].core)
+                .index
+                .add_chunk(base, self.inner.superblock, None);
+        }
     }
 }
 
