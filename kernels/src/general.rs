@@ -229,6 +229,8 @@ unsafe fn malloc_mixed<W: Warp>(
         take,
         won: warp.shfl(active, won, leader),
         extra: warp.shfl64(active, extra, leader),
+        mask: slab.map_or(0, |s| s.shard_mask()),
+        at_cursor: true,
     };
     let mut p = core::ptr::null_mut();
     if let Some(s) = slab {

@@ -82,6 +82,13 @@ pub(crate) struct Lead {
     /// Bits of the hint's word claimed after the run ([`Slab::lead_retrying`]): the `j`-th set
     /// bit is the block of the `j`-th lane (by rank) that `won` left out.
     pub extra: u64,
+    /// The blocks of a shard less one ([`Slab::shard_mask`]): a run taken at a cursor goes on
+    /// at its shard's start when it reaches the shard's end.
+    pub mask: u64,
+    /// The run was taken at its shard's cursor ([`Slab::lead_retrying`]): lanes it left without
+    /// a block go to other shards' cursors first, not to the clear bits ahead of this one, on
+    /// which later runs of this shard would land.
+    pub at_cursor: bool,
 }
 
 impl Lead {
@@ -89,7 +96,7 @@ impl Lead {
     #[inline(always)]
     pub(crate) fn block(&self, rank: u32) -> Option<u64> {
         if self.won >> rank & 1 != 0 {
-            return Some(self.hint + rank as u64);
+            return Some((self.hint & !self.mask) | ((self.hint + rank as u64) & self.mask));
         }
         let j = rank - (self.won & ((1u64 << rank) - 1) as u32).count_ones();
         (j < self.extra.count_ones()).then(|| (self.hint & !63) + nth_set_bit(self.extra, j) as u64)
@@ -102,6 +109,11 @@ impl<'a> Slab<'a> {
     /// block `hint + r`; `take`, the leader's reservation in `shard`): the leader claims the rest
     /// of the reservation from `hint` on, then reserves and claims in other shards until every
     /// lane is served or no shard has room. Returns this lane's block index, or [`NONE`].
+    ///
+    /// A run taken at a cursor (`at_cursor`) skips the first step: the clear bits after it are
+    /// where this shard's next runs go, and taking them there sends those runs out of line in
+    /// turn. Its lanes take runs at the cursors of the shards with room instead, as their own
+    /// groups do, and a shard's bitmap word by word only when its cursor's run wins nothing.
     #[cold]
     #[inline(never)]
     fn alloc_slow<W: Warp>(&self, warp: &W, lead: Lead, count: Option<bool>) -> u64 {
@@ -125,7 +137,9 @@ impl<'a> Slab<'a> {
         let log2 = self.h.shard_words_log2;
         // With cursors nothing was reserved: the lanes still waiting look in the hint's shard
         // first, as far as its bitmap goes.
-        let left = if self.cursor {
+        let left = if lead.at_cursor {
+            0
+        } else if self.cursor {
             need
         } else {
             take - got.count_ones()
@@ -152,6 +166,10 @@ impl<'a> Slab<'a> {
                 Some(s) => shard = s,
                 None => break,
             }
+            if lead.at_cursor {
+                served += self.take_at_cursor(warp, active, shard, need - served, mine);
+                continue;
+            }
             let mut t = 0;
             if lane == leader {
                 t = self.reserve(shard, need - served);
@@ -174,6 +192,52 @@ impl<'a> Slab<'a> {
                 .fetch_add(failed as u64, Ordering::Relaxed);
         }
         *mine
+    }
+
+    /// [`Slab::alloc_slow`]'s step in shard `s` for the `want` lanes still waiting (those with
+    /// [`NONE`] in `mine`): a run at the shard's cursor, as
+    /// [`Slab::lead_retrying`] takes it, then, if that wins nothing, the shard's clear bits word
+    /// by word from its first. Returns how many it served.
+    #[inline(always)]
+    fn take_at_cursor<W: Warp>(
+        &self,
+        warp: &W,
+        active: u32,
+        s: u32,
+        want: u32,
+        mine: &mut u64,
+    ) -> u32 {
+        let leader = active.trailing_zeros();
+        let start = (s as u64) << (6 + self.h.shard_words_log2);
+        let (mut at, mut won, mut extra) = (start, 0, 0);
+        if warp.lane() == leader {
+            (at, _, won, extra) = self.lead_retrying(warp, start, want);
+        }
+        let lead = Lead {
+            shard: s,
+            hint: start + warp.shfl(active, (at - start) as u32, leader) as u64,
+            take: 0,
+            won: warp.shfl(active, won, leader),
+            extra: warp.shfl64(active, extra, leader),
+            mask: self.shard_mask(),
+            at_cursor: true,
+        };
+        // The waiting lanes, ranked among themselves, take the run's blocks in rank order.
+        let waiting = warp.ballot(active, *mine == NONE);
+        if *mine == NONE {
+            *mine = lead.block(rank_in(waiting, warp.lane())).unwrap_or(NONE);
+        }
+        let n = lead.won.count_ones() + lead.extra.count_ones();
+        if n > 0 {
+            return n;
+        }
+        let rank = if *mine == NONE {
+            rank_in(waiting, warp.lane())
+        } else {
+            u32::MAX
+        };
+        let first = s << self.h.shard_words_log2;
+        self.claim(warp, active, (s, first, 0), want, (rank, 0), mine)
     }
 
     /// Claims `take` reserved bits of `shard`, starting at `start_word` bit `from`, and gives

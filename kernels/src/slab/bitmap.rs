@@ -134,14 +134,20 @@ impl<'a> Slab<'a> {
     /// of `take > 0` blocks ends at or below the shard's capacity from there: `old + take <= cap`.
     ///
     /// With cursors: moves the cursor by `want` (one Relaxed `fetch_add`, nothing given back,
-    /// no peak) and returns where it stood, as a block of the shard, with the run from there
-    /// clipped to the shard's end (at least one block).
+    /// no peak) and returns where it stood, as a block of the shard, and `want`: a run from
+    /// there goes on at the shard's start past its end ([`super::Lead::block`]). The short last
+    /// shard, whose end may fall inside a word, clips the run to its end instead (at least one
+    /// block).
     #[inline(always)]
     pub(super) fn reserve_seen(&self, s: u32, cap: u32, want: u32) -> (u32, u32) {
         if self.cursor {
             let old = self.used(s).fetch_add(want, Ordering::Relaxed);
             // Shards hold a power of two blocks, which divides 2^32: the cursor wraps in step.
-            let mut at = old & ((64u32 << self.h.shard_words_log2) - 1);
+            let per = 64u32 << self.h.shard_words_log2;
+            let mut at = old & (per - 1);
+            if cap == per {
+                return (want, at);
+            }
             if at >= cap {
                 at = wrap_cursor(at, cap);
             }

@@ -219,36 +219,54 @@ fn a_mixed_warp_goes_on_down_a_class_chain() {
     assert_eq!(head.class_stats(c).0 + tail.class_stats(c).0, cap);
 }
 
-/// A group's run is lost and its word has no clear bit: the leader's retry takes nothing, and
-/// the lanes go out of line: the clear bits of the shard's other words first, and once the
-/// leader has been through every word, a shard whose bitmap shows room.
+/// A group's run is lost at its cursor and its word has no clear bit: the lanes take a run at
+/// the cursor of the next shard with room, not the clear bits ahead of their own cursor, which
+/// stay for that cursor's later runs: the group whose run reaches them takes them first.
 #[test]
-fn a_group_whose_word_fills_goes_on_out_of_line() {
+fn a_group_lost_at_its_cursor_takes_the_next_shards_cursor_run() {
     let heap = HostGeneral::new(1 << 18);
     let (mut got, c) = fill_shard_of_48(&heap);
     let per = shard_blocks(&heap, c);
     // Eight of call 5's blocks (80..88, word 1) back; word 0, under the cursor, stays full.
     free_lanes(&heap, &got[5], 0..8);
-    let call = 77u32;
-    let last = lockstep::run(32, call, |w| {
-        let bytes = if w.lane() < 16 { 48 } else { 64 };
-        let p = heap.malloc(w, bytes);
-        assert!(!p.is_null());
-        // SAFETY: as in `fill_shard_of_48`.
-        unsafe { p.write_bytes(call as u8 ^ (w.lane() as u8) << 3, bytes as usize) };
-        p as u64
-    });
-    let idx: Vec<u64> = last[..16].iter().map(|&p| index_in(&heap, c, p)).collect();
-    let want: Vec<u64> = (80..88).chain(per..per + 8).collect();
-    assert_eq!(idx, want, "word 1's clear bits, then the next shard");
-    assert_eq!(heap.class_stats(c).0, per + 8);
-    assert_eq!(bitmap_ones(&heap, c), per + 8);
+    let mut last = Vec::new();
+    // Runs at 0, 16, 32 and 48 of shard 0 are lost; the one at 64 reaches word 1.
+    for call in 77..82u32 {
+        last.push(lockstep::run(32, call, |w| {
+            let bytes = if w.lane() < 16 { 48 } else { 64 };
+            let p = heap.malloc(w, bytes);
+            assert!(!p.is_null());
+            // SAFETY: as in `fill_shard_of_48`.
+            unsafe { p.write_bytes(call as u8 ^ (w.lane() as u8) << 3, bytes as usize) };
+            p as u64
+        }));
+    }
+    let idx: Vec<Vec<u64>> = last
+        .iter()
+        .map(|l| l[..16].iter().map(|&p| index_in(&heap, c, p)).collect())
+        .collect();
+    let mut want: Vec<Vec<u64>> = (0..4)
+        .map(|k| (per + 16 * k..per + 16 * (k + 1)).collect())
+        .collect();
+    want.push((80..88).chain(per + 64..per + 72).collect());
+    assert_eq!(
+        idx, want,
+        "the next shard's cursor, then word 1's clear bits"
+    );
+    assert_eq!(heap.class_stats(c).0, per + 72);
+    assert_eq!(bitmap_ones(&heap, c), per + 72);
     heap.check();
     got[5][..8].fill(0);
-    got.push(last);
+    let calls = got.len();
+    got.extend(last);
+
     let mut all: Vec<(u64, u64)> = Vec::new();
     for (call, ptrs) in got.iter().enumerate() {
-        let call = if call == got.len() - 1 { 77 } else { call };
+        let call = if call >= calls {
+            77 + call - calls
+        } else {
+            call
+        };
         for (l, &p) in ptrs.iter().enumerate().filter(|&(_, &p)| p != 0) {
             let bytes = if l < 16 { 48 } else { 64 };
             heap.assert_block_of(p as *mut u8, bytes);
@@ -339,4 +357,44 @@ fn mixed_warps_among_random_frees_keep_every_block() {
     }
     assert_eq!(heap.total_in_use(), 0);
     assert_eq!(heap.total_double_frees(), 0);
+}
+
+/// A group's run that reaches the end of its shard goes on at the shard's start, where its
+/// cursor goes next, in the same step: no lane of it goes out of line, and the run after it
+/// follows on.
+#[test]
+fn a_run_past_its_shards_end_goes_on_at_its_start() {
+    let heap = HostGeneral::new(1 << 18);
+    let c = class_of(48).unwrap() as usize;
+    let per = shard_blocks(&heap, c);
+    let call = |lanes: u32, seed: u32| {
+        lockstep::run(32, seed, |w| {
+            let bytes = if w.lane() < lanes { 48 } else { 64 };
+            heap.malloc(w, bytes) as u64
+        })
+    };
+    // The cursor of shard 0 to 8 blocks before its end, every block back.
+    let mut warm = vec![call(8, 0)];
+    warm.extend((1..per / 16).map(|k| call(16, k as u32)));
+    for ptrs in &warm {
+        lockstep::run(32, 0, |w| heap.free(w, ptrs[w.lane() as usize] as *mut u8));
+    }
+    assert_eq!(heap.total_in_use(), 0);
+    let runs = [call(16, 500), call(16, 501)];
+    let idx: Vec<Vec<u64>> = runs
+        .iter()
+        .map(|r| r[..16].iter().map(|&p| index_in(&heap, c, p)).collect())
+        .collect();
+    assert_eq!(idx[0], (per - 8..per).chain(0..8).collect::<Vec<u64>>());
+    assert_eq!(idx[1], (8..24).collect::<Vec<u64>>());
+    for (l, &p) in runs[0].iter().enumerate() {
+        heap.assert_block_of(p as *mut u8, if l < 16 { 48 } else { 64 });
+    }
+    heap.check();
+    for ptrs in &runs {
+        lockstep::run(32, 0, |w| heap.free(w, ptrs[w.lane() as usize] as *mut u8));
+    }
+    assert_eq!(heap.total_in_use(), 0);
+    assert_eq!(heap.total_double_frees(), 0);
+    heap.check();
 }
