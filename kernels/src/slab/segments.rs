@@ -35,6 +35,7 @@ pub(crate) unsafe fn chain_alloc_in<W: Warp>(
         first_capacity: h.capacity,
         at: hint,
         cursor,
+        count: true,
     };
     // SAFETY: forwarded contract; `SlabSegments` views each segment with `Slab::new`.
     unsafe { chain::alloc(h, warp, each) }
@@ -42,7 +43,8 @@ pub(crate) unsafe fn chain_alloc_in<W: Warp>(
 
 /// [`chain_alloc`] for the lanes that the chain's first segment, `h`, left without a block: the
 /// segments after it, with `hint` (a block index of `h`) moved in proportion. Null when `h` ends
-/// the chain.
+/// the chain. The last segment counts the lanes it leaves without a block as failed when
+/// `count` (false when the caller tries again elsewhere).
 ///
 /// # Safety
 /// As for [`chain_alloc`].
@@ -51,7 +53,7 @@ pub(crate) unsafe fn chain_alloc_after<W: Warp>(
     h: &HeapHandle,
     warp: &W,
     hint: u64,
-    cursor: bool,
+    (cursor, count): (bool, bool),
 ) -> *mut u8 {
     if h.next == 0 {
         return core::ptr::null_mut();
@@ -63,6 +65,7 @@ pub(crate) unsafe fn chain_alloc_after<W: Warp>(
         first_capacity: h.capacity,
         at: rescale_hint(hint, h.capacity, next.capacity),
         cursor,
+        count,
     };
     // SAFETY: forwarded contract; `SlabSegments` views each segment with `Slab::new`.
     unsafe { chain::alloc(next, warp, each) }
@@ -78,6 +81,8 @@ struct SlabSegments {
     at: u64,
     /// The segments' shard counts are cursors.
     cursor: bool,
+    /// The last segment counts its failures.
+    count: bool,
 }
 
 impl SegmentAlloc for SlabSegments {
@@ -86,7 +91,7 @@ impl SegmentAlloc for SlabSegments {
         // SAFETY: the trait's contract, for a slab segment.
         unsafe { Slab::new(seg) }
             .cursors(self.cursor)
-            .alloc(warp, self.at, last)
+            .alloc(warp, self.at, last && self.count)
     }
 
     /// The same place in proportion: a hint spread over the first segment would crowd every

@@ -179,16 +179,11 @@ fn a_group_whose_run_is_lost_takes_the_clear_bits_of_its_word() {
 
 /// A class whose head segment runs out under a mixed warp goes on down its chain (as a grown
 /// heap links it): the lanes the head left without a block take the next segment's, every block
-/// of both is handed out once, and only the chain's last segment counts failures.
+/// of both is handed out once, and each lane left without one is counted once as failed.
 #[test]
 fn a_mixed_warp_goes_on_down_a_class_chain() {
-    let (head, tail) = (HostGeneral::new(1 << 16), HostGeneral::new(1 << 16));
     let c = class_of(4096).unwrap() as usize;
-    // SAFETY: class `c`'s handle lies in `head`'s region, which nothing else reads now.
-    unsafe {
-        let h = head.base.add(head.plan.class_offset(c)) as *mut HeapHandle;
-        (*h).next = tail.class(c) as *const HeapHandle as u64;
-    }
+    let (head, tail) = linked_chain(c);
     let cap = head.class(c).capacity + tail.class(c).capacity;
     let calls = (cap / 16 + 2) as u32;
     let mut got_big: Vec<u64> = Vec::new();
@@ -214,8 +209,64 @@ fn a_mixed_warp_goes_on_down_a_class_chain() {
     uniq.dedup();
     assert_eq!((uniq.len() as u64, got_big.len() as u64), (cap, cap));
     let failed = 16 * calls as u64 - cap;
-    assert_eq!(head.class_stats(c).2, 0, "the head counted failures");
-    assert_eq!(tail.class_stats(c).2, failed);
+    assert_eq!(
+        head.class_stats(c).2 + tail.class_stats(c).2,
+        failed,
+        "each failure counted once"
+    );
+    assert_eq!(head.class_stats(c).0 + tail.class_stats(c).0, cap);
+}
+
+/// The head of a class chain linked to `tail`'s class `c`, both in host memory.
+fn linked_chain(c: usize) -> (HostGeneral, HostGeneral) {
+    let (head, tail) = (HostGeneral::new(1 << 16), HostGeneral::new(1 << 16));
+    // SAFETY: class `c`'s handle lies in `head`'s region, which nothing else reads now.
+    unsafe {
+        let h = head.base.add(head.plan.class_offset(c)) as *mut HeapHandle;
+        (*h).next = tail.class(c) as *const HeapHandle as u64;
+    }
+    (head, tail)
+}
+
+/// A group whose cursor run wins nothing in a chain's full head goes on down the chain first;
+/// when the rest of the chain is full too, it takes the clear bits left in the head after all,
+/// and no lane that got a block is counted as failed.
+#[test]
+fn a_group_lost_in_a_full_head_tries_the_chain_then_the_heads_clear_bits() {
+    let c = class_of(4096).unwrap() as usize;
+    let (head, tail) = linked_chain(c);
+    let cap = head.class(c).capacity + tail.class(c).capacity;
+    let mixed = |call: u32, big: u32| {
+        lockstep::run(32, call, |w| {
+            let bytes = if w.lane() < big { 4096 } else { 16 };
+            head.malloc(w, bytes) as u64
+        })
+    };
+    // Fill both segments, one big block per call, then hand one of the head's back.
+    let mut big = Vec::new();
+    for call in 0..cap as u32 {
+        let p = mixed(call, 1)[0];
+        assert_ne!(p, 0, "call {call}");
+        big.push(p);
+    }
+    let in_head = |p: u64| {
+        let h = head.class(c);
+        p >= h.data && p < h.data + h.capacity * h.block_size
+    };
+    let hole = *big.iter().find(|&&p| in_head(p)).unwrap();
+    lockstep::run(32, 0, |w| {
+        head.free(w, if w.lane() == 0 { hole } else { 0 } as *mut u8)
+    });
+    let failed_before = head.class_stats(c).2 + tail.class_stats(c).2;
+    let again = mixed(900, 1)[0];
+    assert_eq!(again, hole, "the head's one clear block");
+    assert_eq!(head.class_stats(c).2 + tail.class_stats(c).2, failed_before);
+    // Now every block is in use: a lane left without one is counted once.
+    assert_eq!(mixed(901, 1)[0], 0);
+    assert_eq!(
+        head.class_stats(c).2 + tail.class_stats(c).2,
+        failed_before + 1
+    );
     assert_eq!(head.class_stats(c).0 + tail.class_stats(c).0, cap);
 }
 
