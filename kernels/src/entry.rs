@@ -357,7 +357,9 @@ pub unsafe fn malloc<F: Warp, G: Warp, S: Fn() -> u32 + Copy>(
             }
             // SAFETY: a formatted general header (its tag was read), the same in every lane;
             // `group` is this lane's class among all 32 lanes, which call together.
-            return unsafe { general::malloc_grouped(&*heap, any, (class, group), seed()) };
+            return unsafe {
+                general::malloc_grouped(&*heap, any, u32::MAX, (class, group), seed())
+            };
         }
     }
     // SAFETY: forwarded contract.
@@ -428,7 +430,7 @@ pub unsafe fn free<F: Warp, G: Warp>(heap: *const GeneralHeader, ptr: *mut u8, f
             if group != u32::MAX {
                 // SAFETY: a formatted general header (its tag was read), the same in every
                 // lane; `group` is this lane's key among all 32, which call together.
-                return unsafe { general::free_grouped(&*heap, any, (key, group), ptr) };
+                return unsafe { general::free_grouped(&*heap, any, u32::MAX, (key, group), ptr) };
             }
             if key < front.nclasses {
                 // SAFETY: a general header, and `key < nclasses <= GENERAL_CLASS_SLOTS`.
