@@ -90,14 +90,6 @@ fn one_heap<F: Warp>(full: &F, heap: u64) -> bool {
     full.match_any(u32::MAX, heap) == u32::MAX
 }
 
-/// [`one_heap`] without a match: lane 0's heap, shuffled, against every lane's, in a ballot.
-/// The general heap's entry points spend their one match on the class instead.
-#[inline(always)]
-fn same_heap<F: Warp>(full: &F, heap: u64) -> bool {
-    let first = full.shfl64(u32::MAX, heap, 0);
-    full.ballot(u32::MAX, heap == first) == u32::MAX
-}
-
 /// [`slab_alloc`] for all 32 lanes of a warp on one `heap`, whose handle `h` is as
 /// `load_handle` read it (so the same in every lane); `cursor`: a general heap's class, whose
 /// shard counts are cursors ([`Slab::cursors`]).
@@ -332,13 +324,9 @@ pub unsafe fn malloc<F: Warp, G: Warp, S: Fn() -> u32 + Copy>(
         // SAFETY: forwarded contract.
         let loaded = unsafe { load_general(heap, slot) };
         // One match for heap and class, over the whole warp, before anything waits for the
-        // loads: a warp on one heap asking one class learns it in the loads' shadow, and a warp
-        // of mixed classes has its class groups.
+        // loads: a warp on one heap asking one class learns it in the loads' shadow.
         let key = heap_class_key(heap as u64, class);
-        let group = full.match_any(u32::MAX, key);
-        let aligned = key & KEY_CLASS_BITS != KEY_UNALIGNED;
-        // Either every lane has the whole warp as its group, or none does.
-        if group == u32::MAX && aligned {
+        if full.match_all(u32::MAX, key) && key & KEY_CLASS_BITS != KEY_UNALIGNED {
             let Some((front, head)) = loaded else {
                 return core::ptr::null_mut();
             };
@@ -351,15 +339,6 @@ pub unsafe fn malloc<F: Warp, G: Warp, S: Fn() -> u32 + Copy>(
                     slab_alloc_whole(head, h, full, any, seed, true)
                 };
             }
-        } else if group != u32::MAX && same_heap(full, heap as u64) && aligned {
-            if loaded.is_none() {
-                return core::ptr::null_mut();
-            }
-            // SAFETY: a formatted general header (its tag was read), the same in every lane;
-            // `group` is this lane's class among all 32 lanes, which call together.
-            return unsafe {
-                general::malloc_grouped(&*heap, any, u32::MAX, (class, group), seed())
-            };
         }
     }
     // SAFETY: forwarded contract.
@@ -420,19 +399,13 @@ pub unsafe fn free<F: Warp, G: Warp>(heap: *const GeneralHeader, ptr: *mut u8, f
     if any.active() == u32::MAX {
         // SAFETY: forwarded contract.
         let loaded = unsafe { load_general(heap, 0) };
-        if same_heap(full, heap as u64) {
+        if one_heap(full, heap as u64) {
             let Some((front, _)) = loaded else {
                 return;
             };
             let key = front.free_key(ptr);
-            // As in `malloc`: one match, over the whole warp.
-            let group = full.match_any(u32::MAX, key as u64);
-            if group != u32::MAX {
-                // SAFETY: a formatted general header (its tag was read), the same in every
-                // lane; `group` is this lane's key among all 32, which call together.
-                return unsafe { general::free_grouped(&*heap, any, u32::MAX, (key, group), ptr) };
-            }
-            if key < front.nclasses {
+            // As in `malloc`: the match first, over the whole warp.
+            if full.match_all(u32::MAX, key as u64) && key < front.nclasses {
                 // SAFETY: a general header, and `key < nclasses <= GENERAL_CLASS_SLOTS`.
                 let head = unsafe { load_class_pointer(heap, key) } as *const HeapHandle;
                 // SAFETY: the address of class `key`'s formatted slab segment, the head of the

@@ -147,33 +147,11 @@ impl GeneralHeader {
 pub unsafe fn malloc<W: Warp>(g: &GeneralHeader, warp: &W, bytes: u64, seed: u32) -> *mut u8 {
     let class = request_class(bytes);
     let active = warp.active();
-    // One match, not a `match_all` first: with mixed sizes (the case this serves) both would
-    // run, and a warp of one size learns as much from `match_any`.
-    let group = warp.match_any(active, class as u64);
-    // SAFETY: forwarded contract.
-    unsafe { malloc_grouped(g, warp, active, (class, group), seed) }
-}
-
-/// [`malloc`] for the calling lanes `active`, with this lane's class and `group`, the lanes of
-/// `active` that ask it (a match the caller made over `active`).
-///
-/// `active` is passed, not read again: on the GPU the set of lanes running together may change
-/// between two reads, and the groups are only valid for the set they were matched over.
-///
-/// # Safety
-/// As for [`malloc`]; exactly the lanes of `active` make this call.
-#[inline(always)]
-pub unsafe fn malloc_grouped<W: Warp>(
-    g: &GeneralHeader,
-    warp: &W,
-    active: u32,
-    (class, group): (u32, u32),
-    seed: u32,
-) -> *mut u8 {
-    if group == active {
+    if warp.match_all(active, class as u64) {
         // SAFETY: forwarded contract.
         return unsafe { alloc_class(g, warp, class, seed) };
     }
+    let group = warp.match_any(active, class as u64);
     // SAFETY: forwarded contract.
     unsafe { malloc_mixed(g, warp, active, (class, group), seed) }
 }
@@ -334,30 +312,11 @@ pub fn free_key(g: &GeneralHeader, ptr: *mut u8) -> u32 {
 pub unsafe fn free<W: Warp>(g: &GeneralHeader, warp: &W, ptr: *mut u8) {
     let key = free_key(g, ptr);
     let active = warp.active();
-    // One match, as in `malloc`.
-    let group = warp.match_any(active, key as u64);
-    // SAFETY: forwarded contract.
-    unsafe { free_grouped(g, warp, active, (key, group), ptr) }
-}
-
-/// [`free`] for the calling lanes `active`, with this lane's key ([`free_key`]) and `group`,
-/// the lanes of `active` with that key (a match the caller made over `active`; `active` is
-/// passed for the reason [`malloc_grouped`] gives).
-///
-/// # Safety
-/// As for [`free`]; exactly the lanes of `active` make this call.
-#[inline(always)]
-pub unsafe fn free_grouped<W: Warp>(
-    g: &GeneralHeader,
-    warp: &W,
-    active: u32,
-    (key, group): (u32, u32),
-    ptr: *mut u8,
-) {
-    if group == active {
+    if warp.match_all(active, key as u64) {
         // SAFETY: forwarded contract.
         return unsafe { free_class(g, warp, key, ptr) };
     }
+    let group = warp.match_any(active, key as u64);
     // SAFETY: forwarded contract.
     unsafe { free_mixed(g, warp, active, (key, group), ptr) }
 }
