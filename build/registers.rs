@@ -6,39 +6,45 @@
 //! paths fit in 32. A `.maxnreg 32` directive keeps every warp slot usable; ptxas spills in the
 //! cold paths instead.
 
-/// Kernels whose names start with one of these get the cap. The bench kernel of mixed sizes,
-/// `carve_bench_general_malloc`, does not: its fast step keeps each class group's state live
-/// across the leaders' atomics, and capped it runs slower (H100, 2^22 threads over 16 B–4 KiB:
-/// 12.9 G/s at 32 registers, 13.4 at 40, 13.9 at 48, 14.5–14.7 uncapped at 64). One size per warp
-/// (`carve_bench_general_malloc_one`) gains instead: 71 to 87 G/s, and the general free 90 to
-/// 102.
-const CAPPED: [&str; 4] = [
-    "carve_heap_",
-    "carve_bench_slab_",
-    "carve_bench_general_malloc_one",
-    "carve_bench_general_free",
+/// Kernels whose names start with one of these get the cap beside it (the first that matches).
+/// Measured on the benchmark kernels, which launch 2^22 threads:
+/// - `carve_bench_general_malloc` (mixed sizes) keeps each class group's state live across the
+///   leaders' atomics: at 32 it runs slower (H100, 16 B–4 KiB: 12.9 G/s at 32 registers, 13.4 at
+///   40, 13.9 at 48, 14.5–14.7 at 64), and uncapped ptxas gives it 72, which leaves fewer warps
+///   per SM than 64.
+/// - `carve_bench_general_malloc_one` (one size per warp) spills its handle copy at 32 (ten
+///   local loads and eleven stores a warp); on the H200, 2^22 × 16 B: 78.5 G/s at 32, 78.6 at
+///   40, 91.7 at 48, 82.4 at 56 and 82.7 at 64.
+/// - The general free runs best at 32 (mixed sizes on the H200: 57.6 G/s, 50.4 at 40, 44.5 at
+///   48).
+const CAPPED: [(&str, u32); 5] = [
+    ("carve_heap_", 32),
+    ("carve_bench_slab_", 32),
+    ("carve_bench_general_malloc_one", 48),
+    ("carve_bench_general_free", 32),
+    ("carve_bench_general_malloc(", 64),
 ];
-
-/// Registers per thread that give 2048 resident threads per SM (full occupancy on sm_70+).
-const MAX_REGISTERS: u32 = 32;
 
 /// `ptx` with `.maxnreg` after the parameter list of each capped `.entry`.
 pub fn cap_heap_kernels(ptx: &str) -> String {
     let mut out = String::with_capacity(ptx.len() + 1024);
-    let mut in_capped_params = false;
+    let mut cap = None;
     for line in ptx.lines() {
         out.push_str(line);
         out.push('\n');
         if let Some(name) = line.trim_start().strip_prefix(".visible .entry ") {
-            in_capped_params = CAPPED.iter().any(|p| name.starts_with(p));
+            cap = CAPPED
+                .iter()
+                .find(|(p, _)| name.starts_with(p))
+                .map(|&(_, n)| n);
             // An entry without parameters closes its list on the same line.
-            if in_capped_params && name.trim_end().ends_with(')') {
-                out.push_str(&format!(".maxnreg {MAX_REGISTERS}\n"));
-                in_capped_params = false;
+            if let Some(n) = cap.filter(|_| name.trim_end().ends_with(')')) {
+                out.push_str(&format!(".maxnreg {n}\n"));
+                cap = None;
             }
-        } else if in_capped_params && line.trim() == ")" {
-            out.push_str(&format!(".maxnreg {MAX_REGISTERS}\n"));
-            in_capped_params = false;
+        } else if let Some(n) = cap.filter(|_| line.trim() == ")") {
+            out.push_str(&format!(".maxnreg {n}\n"));
+            cap = None;
         }
     }
     out

@@ -9,7 +9,8 @@
 //!
 //! **Lanes may pass different heaps** (or null, or a heap of another kind). A whole warp is
 //! checked for one heap with one `match.any.sync` over the full warp before any straight-line
-//! path; any other warp goes to the generic path, which first groups the calling lanes by heap
+//! path (`malloc`: one `match.all.sync` on heap and class together, [`heap_class_key`]); any
+//! other warp goes to the generic path, which first groups the calling lanes by heap
 //! (one `match_any`, [`Within::grouped`]) and then runs each group's collectives over that
 //! group's lanes only. A lane whose heap is null or of another kind takes part in the grouping,
 //! then returns null (or frees nothing) with the rest of its group, so no collective ever names
@@ -22,6 +23,7 @@ use crate::heap_layout::{
 };
 use crate::slab::{self, Slab};
 use crate::warp::{Warp, Within};
+use static_assertions::const_assert;
 
 #[cfg(target_arch = "nvptx64")]
 use crate::global_mem::{load_class_pointer, load_handle};
@@ -74,11 +76,11 @@ pub unsafe fn slab_alloc<F: Warp, G: Warp, S: Fn() -> u32 + Copy>(
         let h = unsafe { load_handle(heap, tag(KIND_SLAB)) };
         if one_heap(full, heap as u64) {
             // SAFETY: forwarded contract; every lane of the warp passed `heap`.
-            return unsafe { slab_alloc_whole(heap, h, full, any, seed) };
+            return unsafe { slab_alloc_whole(heap, h, full, any, seed, false) };
         }
     }
     // SAFETY: forwarded contract.
-    unsafe { slab_alloc_generic(heap, any, seed) }
+    unsafe { slab_alloc_generic::<_, _, false>(heap, any, seed) }
 }
 
 /// Whether every lane of a whole warp (`full`, all 32 lanes calling together) passed the same
@@ -89,7 +91,8 @@ fn one_heap<F: Warp>(full: &F, heap: u64) -> bool {
 }
 
 /// [`slab_alloc`] for all 32 lanes of a warp on one `heap`, whose handle `h` is as
-/// `load_handle` read it (so the same in every lane).
+/// `load_handle` read it (so the same in every lane); `cursor`: a general heap's class, whose
+/// shard counts are cursors ([`Slab::cursors`]).
 ///
 /// # Safety
 /// As for [`slab_alloc`]; every lane of the warp makes this call with the same `heap`.
@@ -100,19 +103,27 @@ unsafe fn slab_alloc_whole<F: Warp, G: Warp, S: Fn() -> u32 + Copy>(
     full: &F,
     any: &G,
     seed: S,
+    cursor: bool,
 ) -> *mut u8 {
     let Some(h) = h else {
         return core::ptr::null_mut();
     };
     // SAFETY: `h` is a copy of the formatted slab handle at `heap`.
-    let slab = unsafe { Slab::with_copy(&h, &*heap) };
+    let slab = unsafe { Slab::with_copy(&h, &*heap) }.cursors(cursor);
     let p = slab.alloc_in_chain(full, slab::warp_hint(seed(), h.capacity));
     if p.is_null() {
         // SAFETY: as above; read here only, so the fast path never holds it.
         let next = unsafe { (*heap).next };
         if next != 0 {
+            let next = next as *const HeapHandle;
             // SAFETY: `next` is the next formatted segment of the chain.
-            return unsafe { slab_alloc_generic(next as *const HeapHandle, any, seed) };
+            return unsafe {
+                if cursor {
+                    slab_alloc_generic::<_, _, true>(next, any, seed)
+                } else {
+                    slab_alloc_generic::<_, _, false>(next, any, seed)
+                }
+            };
         }
     }
     p
@@ -121,12 +132,14 @@ unsafe fn slab_alloc_whole<F: Warp, G: Warp, S: Fn() -> u32 + Copy>(
 /// [`slab_alloc`] for any set of lanes and heaps: the lanes are grouped by heap, and each group
 /// allocates from its own heap's chain, segment by segment, with collectives over its own lanes.
 /// A group whose heap is null or no slab gets null, having taken part in the grouping only.
+/// `CURSOR` as `cursor` for [`slab_alloc_whole`] (a parameter of the type, so that the slab's
+/// callers pass nothing more).
 ///
 /// # Safety
 /// As for [`slab_alloc`].
 #[cold]
 #[inline(never)]
-unsafe fn slab_alloc_generic<W: Warp, S: Fn() -> u32>(
+unsafe fn slab_alloc_generic<W: Warp, S: Fn() -> u32, const CURSOR: bool>(
     heap: *const HeapHandle,
     warp: &W,
     seed: S,
@@ -135,7 +148,9 @@ unsafe fn slab_alloc_generic<W: Warp, S: Fn() -> u32>(
     // SAFETY: forwarded contract.
     match unsafe { handle(heap, KIND_SLAB) } {
         // SAFETY: a formatted slab chain; the lanes of `group` pass the same one.
-        Some(h) => unsafe { slab::chain_alloc(h, &group, slab::warp_hint(seed(), h.capacity)) },
+        Some(h) => unsafe {
+            slab::chain_alloc_in(h, &group, slab::warp_hint(seed(), h.capacity), CURSOR)
+        },
         None => core::ptr::null_mut(),
     }
 }
@@ -168,17 +183,17 @@ pub unsafe fn slab_free<F: Warp, G: Warp>(
     }
     if any.active() == u32::MAX && one_heap(full, heap as u64) {
         // SAFETY: forwarded contract; every lane of the warp passed `heap`.
-        if unsafe { slab_free_whole(heap, h, ptr, full) } {
+        if unsafe { slab_free_whole(heap, h, ptr, full, false) } {
             return;
         }
     }
     // SAFETY: forwarded contract.
-    unsafe { slab_free_generic(heap, ptr, any) }
+    unsafe { slab_free_generic::<_, false>(heap, ptr, any) }
 }
 
 /// [`slab_free`]'s straight-line path for all 32 lanes of a warp on one `heap` (its handle `h`
 /// as `load_handle` read it): true when it is done, the same in every lane; false, having done
-/// nothing, when the pointers are not one run.
+/// nothing, when the pointers are not one run. `cursor` as for [`slab_alloc_whole`].
 ///
 /// # Safety
 /// As for [`slab_free`]; every lane of the warp makes this call with the same `heap`.
@@ -188,28 +203,36 @@ unsafe fn slab_free_whole<F: Warp>(
     h: Option<HeapHandle>,
     ptr: *mut u8,
     full: &F,
+    cursor: bool,
 ) -> bool {
     match h {
         // No slab: nothing to free, for the whole warp.
         None => true,
         // SAFETY: `h` is a copy of the formatted slab handle at `heap`.
-        Some(h) => unsafe { Slab::with_copy(&h, &*heap) }.free_run(full, ptr),
+        Some(h) => unsafe { Slab::with_copy(&h, &*heap) }
+            .cursors(cursor)
+            .free_run(full, ptr),
     }
 }
 
 /// [`slab_free`] for any set of lanes, heaps and pointers: the lanes are grouped by heap, and
-/// each group frees into its own heap's chain with collectives over its own lanes.
+/// each group frees into its own heap's chain with collectives over its own lanes. `CURSOR` as
+/// for [`slab_alloc_generic`].
 ///
 /// # Safety
 /// As for [`slab_free`].
 #[cold]
 #[inline(never)]
-unsafe fn slab_free_generic<W: Warp>(heap: *const HeapHandle, ptr: *mut u8, warp: &W) {
+unsafe fn slab_free_generic<W: Warp, const CURSOR: bool>(
+    heap: *const HeapHandle,
+    ptr: *mut u8,
+    warp: &W,
+) {
     let group = Within::grouped(warp, heap as u64);
     // SAFETY: forwarded contract.
     if let Some(h) = unsafe { handle(heap, KIND_SLAB) } {
         // SAFETY: a formatted slab chain; the lanes of `group` pass the same one.
-        unsafe { slab::chain_free_each(h, &group, ptr) }
+        unsafe { slab::chain_free_each_in(h, &group, ptr, CURSOR) }
     }
 }
 
@@ -300,26 +323,46 @@ pub unsafe fn malloc<F: Warp, G: Warp, S: Fn() -> u32 + Copy>(
         let slot = class.min(GENERAL_CLASS_SLOTS as u32 - 1);
         // SAFETY: forwarded contract.
         let loaded = unsafe { load_general(heap, slot) };
-        if one_heap(full, heap as u64) {
+        // One match for heap and class, over the whole warp, before anything waits for the
+        // loads: a warp on one heap asking one class learns it in the loads' shadow.
+        let key = heap_class_key(heap as u64, class);
+        if full.match_all(u32::MAX, key) && key & KEY_CLASS_BITS != KEY_UNALIGNED {
             let Some((front, head)) = loaded else {
                 return core::ptr::null_mut();
             };
-            // Every lane of the full warp takes part in the match (a class test first would
-            // let some lanes skip a collective that names them); after it, `class` is the same
-            // in every lane.
-            if full.match_all(u32::MAX, class as u64) && class < front.nclasses {
+            if class < front.nclasses {
                 let head = head as *const HeapHandle;
                 // SAFETY: `class < nclasses`: the address of that class's formatted slab
                 // segment, the same in every lane.
                 return unsafe {
                     let h = load_handle(head, tag(KIND_SLAB));
-                    slab_alloc_whole(head, h, full, any, seed)
+                    slab_alloc_whole(head, h, full, any, seed, true)
                 };
             }
         }
     }
     // SAFETY: forwarded contract.
     unsafe { malloc_generic(heap, bytes, any, seed) }
+}
+
+/// The low bits of [`heap_class_key`] that hold the class.
+pub const KEY_CLASS_BITS: u64 = 63;
+/// [`heap_class_key`]'s class bits for a heap address that is not 64-byte aligned: no class.
+pub const KEY_UNALIGNED: u64 = KEY_CLASS_BITS;
+const_assert!((general::NO_CLASS as u64) < KEY_UNALIGNED);
+
+/// The key on which [`malloc`] matches a whole warp: `heap | class` for a 64-byte aligned heap
+/// (carve formats every general header at least 4096-byte aligned), so lanes agree on the key
+/// exactly when they pass the same heap and ask the same class; `heap |` [`KEY_UNALIGNED`]
+/// otherwise, which no aligned heap's key equals, and which [`malloc`] sends to the generic
+/// path even when every lane holds it.
+#[inline(always)]
+pub fn heap_class_key(heap: u64, class: u32) -> u64 {
+    if heap & KEY_CLASS_BITS == 0 {
+        heap | class as u64
+    } else {
+        heap | KEY_UNALIGNED
+    }
 }
 
 /// [`malloc`] for any set of lanes, heaps and sizes: grouped by heap, then by class
@@ -370,8 +413,8 @@ pub unsafe fn free<F: Warp, G: Warp>(heap: *const GeneralHeader, ptr: *mut u8, f
                 // not null (its key is a class).
                 unsafe {
                     let h = load_handle(head, tag(KIND_SLAB));
-                    if !slab_free_whole(head, h, ptr, full) {
-                        slab_free_generic(head, ptr, any);
+                    if !slab_free_whole(head, h, ptr, full, true) {
+                        slab_free_generic::<_, true>(head, ptr, any);
                     }
                 }
                 return;

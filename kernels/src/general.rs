@@ -19,11 +19,14 @@
 //! counts pointers that are not one of its blocks). Pointers outside every class are counted as
 //! foreign frees in the header; null is ignored.
 //!
-//! No new atomic protocol: the header is read-only while kernels run, and every atomic is the
-//! slab's own, on one class's segment at a time (grouping only narrows which lanes take part).
+//! The header is read-only while kernels run, and every atomic is the slab's own, on one class's
+//! segment at a time (grouping only narrows which lanes take part). The class slabs' shard counts
+//! are cursors ([`crate::heap_layout::FLAG_CURSOR_SHARDS`]): a group's free is one `fetch_and`,
+//! and the bitmap alone says which blocks are in use.
 
+use crate::exact_div::exact_quotient;
 use crate::heap_layout::*;
-use crate::size_class::{class_of, NUM_CLASSES};
+use crate::size_class::{class_of, class_size, NUM_CLASSES};
 use crate::slab::{self, Lead, Slab};
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::warp::{rank_in, Among, Warp};
@@ -204,7 +207,7 @@ unsafe fn malloc_mixed<W: Warp>(
     // SAFETY: `home` is a formatted slab handle.
     let copy = home.map_or(HeapHandle::zeroed(), |h| unsafe { copy_handle(h) });
     // SAFETY: `copy` is a copy of the formatted slab handle `home`.
-    let slab = home.map(|h| unsafe { Slab::with_copy(&copy, h) });
+    let slab = home.map(|h| unsafe { Slab::with_copy(&copy, h) }.cursors(true));
     let (mut hint, mut shard) = (0, 0);
     if let Some(s) = slab {
         hint = slab::group_hint(seed, s.capacity());
@@ -227,6 +230,8 @@ unsafe fn malloc_mixed<W: Warp>(
         take,
         won: warp.shfl(active, won, leader),
         extra: warp.shfl64(active, extra, leader),
+        mask: slab.map_or(0, |s| s.shard_mask()),
+        at_cursor: true,
     };
     let mut p = core::ptr::null_mut();
     if let Some(s) = slab {
@@ -237,14 +242,29 @@ unsafe fn malloc_mixed<W: Warp>(
     let done = slab.is_none() || lead.won.count_ones() + lead.extra.count_ones() == lanes;
     if let Some(s) = slab.filter(|_| !done) {
         let own = Among { warp, mask: group };
-        p = s.finish(&own, lead, None);
-        // The rest of the class's chain, for the lanes its head left without a block.
-        let rest = own.ballot(group, p.is_null());
-        if rest != 0 && p.is_null() {
-            let rest = Among { warp, mask: rest };
-            // The region's handle: the copy's address, passed on, would put it in local memory.
-            // SAFETY: forwarded contract; exactly the lanes of `rest` make this call.
-            p = unsafe { slab::chain_alloc_after(s.home(), &rest, hint) };
+        // A run that won nothing lies on blocks in use: its shard's cursor has gone round, and
+        // in a class that grew (its newest segment first) the head is likely full. The group
+        // tries the rest of the chain at once, and the head's other shards only if that fails:
+        // searched first, shard by shard, they cost the most exactly where they have least room.
+        let straight_on = lead.won == 0 && lead.extra == 0 && s.home().next != 0;
+        if straight_on {
+            // SAFETY: forwarded contract; exactly the lanes of `group` make this call.
+            p = unsafe { slab::chain_alloc_after(s.home(), &own, hint, (true, false)) };
+            let rest = own.ballot(group, p.is_null());
+            if rest != 0 && p.is_null() {
+                p = s.finish(&Among { warp, mask: rest }, lead, Some(true));
+            }
+        } else {
+            p = s.finish(&own, lead, None);
+            // The rest of the class's chain, for the lanes its head left without a block.
+            let rest = own.ballot(group, p.is_null());
+            if rest != 0 && p.is_null() {
+                let rest = Among { warp, mask: rest };
+                // The region's handle: the copy's address, passed on, would put it in local
+                // memory.
+                // SAFETY: forwarded contract; exactly the lanes of `rest` make this call.
+                p = unsafe { slab::chain_alloc_after(s.home(), &rest, hint, (true, true)) };
+            }
         }
     }
     p
@@ -272,7 +292,7 @@ unsafe fn alloc_class<W: Warp>(g: &GeneralHeader, warp: &W, class: u32, seed: u3
         slab::group_hint(seed, h.capacity)
     };
     // SAFETY: a formatted slab segment and the rest of its class's chain.
-    unsafe { slab::chain_alloc(h, warp, hint) }
+    unsafe { slab::chain_alloc_in(h, warp, hint, true) }
 }
 
 /// The group key of `ptr` for [`free`]: its class, [`NO_CLASS`] outside every class, or a key of
@@ -308,6 +328,11 @@ pub unsafe fn free<W: Warp>(g: &GeneralHeader, warp: &W, ptr: *mut u8) {
 /// are settled by their leaders in the same step; only the other groups free as warps of their
 /// own lanes, in place.
 ///
+/// Only the leaders read their class's handle, and only what the run needs: the lanes test the
+/// run against the leader's pointer with the class's block size, which every segment of a class
+/// shares. The handles' loads are what bounds this path: a warp's groups read up to as many
+/// handles as it has lanes, one memory transaction per handle for each load instruction.
+///
 /// # Safety
 /// As for [`free`]; exactly the lanes of `active` make this call.
 #[inline(always)]
@@ -321,22 +346,32 @@ unsafe fn free_mixed<W: Warp>(
     let lane = warp.lane();
     let leader = group.trailing_zeros();
     let lanes = group.count_ones();
-    // Read through the region, not copied as in `malloc_mixed`: copied, the free kernel (capped
-    // at 32 registers) ran 18 % slower on the H100.
-    // SAFETY: forwarded contract; `key < nclasses`.
-    let slab = (key < g.nclasses).then(|| unsafe { Slab::new(g.class_handle(key)) });
-    let idx = slab.and_then(|s| s.index_of(ptr));
-    let base = idx.map_or(u64::MAX, |i| i.wrapping_sub(rank_in(group, lane) as u64));
-    // One 32-bit shuffle: bases at or past 2^32 blocks simply finish one group at a time.
-    let lead = warp.shfl(active, base as u32, leader);
-    // A run of at most 32 blocks touches at most two words.
-    let run = slab.is_none() || (idx.is_some() && base == lead as u64);
+    let class = key < g.nclasses;
+    let size = if class { class_size(key) as u64 } else { 0 };
+    let first = warp.shfl64(active, ptr as u64, leader);
+    let in_run = !class || ptr as u64 == first.wrapping_add(rank_in(group, lane) as u64 * size);
+    // The leader's block index in the class's first segment, when the run lies there.
+    let mut base = None;
+    if lane == leader && class {
+        // SAFETY: forwarded contract; `key < nclasses`.
+        let h = unsafe { g.class_handle(key) };
+        // SAFETY: a formatted slab handle in the region.
+        let (capacity, data) = unsafe { capacity_and_data(h) };
+        let off = (ptr as u64).wrapping_sub(data);
+        base = block_index(off, size).filter(|&i| i + lanes as u64 <= capacity);
+    }
     // Also waits for every lane's accesses to its block before the leaders' Release.
-    let not_run = warp.ballot(active, !run);
+    let not_run = warp.ballot(
+        active,
+        !in_run || (lane == leader && class && base.is_none()),
+    );
     if not_run & group == 0 {
         if lane == leader {
-            match slab {
-                Some(s) => s.free_run_at(warp, base, lanes),
+            match base {
+                // SAFETY: forwarded contract; `key < nclasses`.
+                Some(i) => unsafe { Slab::new(g.class_handle(key)) }
+                    .cursors(true)
+                    .free_run_at(warp, i, lanes),
                 // SAFETY: forwarded contract.
                 None if key == NO_CLASS => unsafe {
                     g.count(COUNTER_FOREIGN_FREES, warp.slot_hint(), lanes)
@@ -350,6 +385,31 @@ unsafe fn free_mixed<W: Warp>(
         // SAFETY: forwarded contract; exactly the lanes of `group` make this call.
         unsafe { free_class(g, &Among { warp, mask: group }, key, ptr) };
     }
+}
+
+/// The index of the block at byte `off` of a segment of `size`-byte blocks (a class's size), if
+/// a block starts there.
+#[inline(always)]
+fn block_index(off: u64, size: u64) -> Option<u64> {
+    if size.is_power_of_two() {
+        (off & (size - 1) == 0).then_some(off >> size.trailing_zeros())
+    } else {
+        exact_quotient(off, size)
+    }
+}
+
+/// The `capacity` and `data` fields of the slab handle at `h`: on the GPU one read-only 16-byte
+/// load (the handle is read-only while kernels run).
+///
+/// # Safety
+/// `h` is a formatted slab handle in a heap region carve keeps alive.
+#[inline(always)]
+unsafe fn capacity_and_data(h: &HeapHandle) -> (u64, u64) {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller's contract; the fields sit together at a 16-byte aligned offset.
+    return unsafe { crate::global_mem::read_capacity_and_data(h) };
+    #[cfg(not(target_arch = "nvptx64"))]
+    (h.capacity, h.data)
 }
 
 /// Frees `ptr` for each lane of `warp` (all of key `key`).
@@ -372,7 +432,7 @@ pub unsafe fn free_class<W: Warp>(g: &GeneralHeader, warp: &W, key: u32, ptr: *m
     // SAFETY: forwarded contract; `key < nclasses`.
     let h = unsafe { g.class_handle(key) };
     // SAFETY: a formatted slab segment; the caller gives up `ptr`.
-    unsafe { slab::chain_free(h, warp, ptr) }
+    unsafe { slab::chain_free_in(h, warp, ptr, true) }
 }
 
 /// A hash of `i` and `seed`, spread over all 64 bits (splitmix-style).

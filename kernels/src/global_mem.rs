@@ -4,6 +4,7 @@
 
 use crate::heap_layout::{GeneralHeader, HeapHandle, GENERAL_CLASS_SLOTS};
 use crate::sync::atomic::AtomicU64;
+use static_assertions::const_assert_eq;
 
 /// `a.fetch_add(v)`, relaxed, as one global-space `atom` (what `core`'s atomics give on nvptx,
 /// less ptxas's test for a shared-memory address).
@@ -140,4 +141,27 @@ pub unsafe fn load_class_pointer(heap: *const GeneralHeader, c: u32) -> u64 {
         )
     };
     v
+}
+
+/// The `capacity` and `data` fields of the slab handle at `h`, in one read-only 16-byte load.
+///
+/// # Safety
+/// `h` is a formatted slab handle in global memory (16-byte aligned, as every handle is) that
+/// the host writes only between launches.
+#[inline(always)]
+pub(crate) unsafe fn read_capacity_and_data(h: &HeapHandle) -> (u64, u64) {
+    const_assert_eq!(core::mem::offset_of!(HeapHandle, data), CAPACITY + 8);
+    const CAPACITY: usize = core::mem::offset_of!(HeapHandle, capacity);
+    const_assert_eq!(CAPACITY % 16, 0);
+    let p = global_address(h as *const HeapHandle as u64 + CAPACITY as u64);
+    let (capacity, data): (u64, u64);
+    // SAFETY: the caller's contract: two fields of a handle in global memory, 16-byte aligned.
+    unsafe {
+        core::arch::asm!(
+            "ld.global.nc.v2.u64 {{{c}, {d}}}, [{p}];",
+            c = out(reg64) capacity, d = out(reg64) data, p = in(reg64) p,
+            options(readonly, nostack),
+        )
+    };
+    (capacity, data)
 }

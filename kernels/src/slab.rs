@@ -25,6 +25,16 @@
 //! mode, so the heap stays consistent, and counted in checked mode ([`FLAG_CHECKED_FREES`]).
 //! Pointers outside the heap or not at a block start are counted and ignored in either mode.
 //!
+//! **Cursors** ([`FLAG_CURSOR_SHARDS`], the classes of `carve_malloc`): the shard counts only
+//! say where a group's run starts (a Relaxed `fetch_add` moves the cursor on), nothing is
+//! reserved, and a free is its `fetch_and` alone. The bitmap is the whole truth: whether a shard
+//! has room is read from its words, a claim that finds none ends after one pass over them, and
+//! the host counts the blocks in use in the bitmap. Lanes freeing the same block in one call
+//! clear it once, since a cleared bit can be claimed at once. Every block a cursor's shard hands
+//! out lies on the cursor's path: a run that reaches the shard's end goes on at its start, and
+//! lanes a run left without a block take runs at other shards' cursors, not the clear bits ahead
+//! of their own, where that cursor's next runs would land and fail in turn.
+//!
 //! No device-wide fence is on either path: the handover of a block is ordered by the Acquire and
 //! Release of the bitmap atomics themselves; the counts are Relaxed hints plus the reservation
 //! invariant above.
@@ -38,8 +48,8 @@ mod hint;
 mod segments;
 
 pub use hint::{group_hint, warp_hint};
-pub(crate) use segments::chain_alloc_after;
 pub use segments::{chain_alloc, chain_free, chain_free_each};
+pub(crate) use segments::{chain_alloc_after, chain_alloc_in, chain_free_each_in, chain_free_in};
 
 use crate::heap_layout::*;
 use crate::sync::atomic::Ordering;
@@ -53,6 +63,9 @@ pub struct Slab<'a> {
     /// The handle in the region, which the out-of-line slow paths read, so that calling them
     /// does not make the register copy spill to memory.
     home: &'a HeapHandle,
+    /// The shard counts are cursors ([`FLAG_CURSOR_SHARDS`]): set by the caller that knows the
+    /// heap's kind (a general heap's classes), so that inlined paths fold it away.
+    cursor: bool,
 }
 
 /// No block (an index that no heap reaches).
@@ -72,6 +85,13 @@ pub(crate) struct Lead {
     /// Bits of the hint's word claimed after the run ([`Slab::lead_retrying`]): the `j`-th set
     /// bit is the block of the `j`-th lane (by rank) that `won` left out.
     pub extra: u64,
+    /// The blocks of a shard less one ([`Slab::shard_mask`]): a run taken at a cursor goes on
+    /// at its shard's start when it reaches the shard's end.
+    pub mask: u64,
+    /// The run was taken at its shard's cursor ([`Slab::lead_retrying`]): lanes it left without
+    /// a block go to other shards' cursors first, not to the clear bits ahead of this one, on
+    /// which later runs of this shard would land.
+    pub at_cursor: bool,
 }
 
 impl Lead {
@@ -79,7 +99,7 @@ impl Lead {
     #[inline(always)]
     pub(crate) fn block(&self, rank: u32) -> Option<u64> {
         if self.won >> rank & 1 != 0 {
-            return Some(self.hint + rank as u64);
+            return Some((self.hint & !self.mask) | ((self.hint + rank as u64) & self.mask));
         }
         let j = rank - (self.won & ((1u64 << rank) - 1) as u32).count_ones();
         (j < self.extra.count_ones()).then(|| (self.hint & !63) + nth_set_bit(self.extra, j) as u64)
@@ -92,6 +112,11 @@ impl<'a> Slab<'a> {
     /// block `hint + r`; `take`, the leader's reservation in `shard`): the leader claims the rest
     /// of the reservation from `hint` on, then reserves and claims in other shards until every
     /// lane is served or no shard has room. Returns this lane's block index, or [`NONE`].
+    ///
+    /// A run taken at a cursor (`at_cursor`) skips the first step: the clear bits after it are
+    /// where this shard's next runs go, and taking them there sends those runs out of line in
+    /// turn. Its lanes take runs at the cursors of the shards with room instead, as their own
+    /// groups do, and a shard's bitmap word by word only when its cursor's run wins nothing.
     #[cold]
     #[inline(never)]
     fn alloc_slow<W: Warp>(&self, warp: &W, lead: Lead, count: Option<bool>) -> u64 {
@@ -113,7 +138,15 @@ impl<'a> Slab<'a> {
             u32::MAX
         };
         let log2 = self.h.shard_words_log2;
-        let left = take - got.count_ones();
+        // With cursors nothing was reserved: the lanes still waiting look in the hint's shard
+        // first, as far as its bitmap goes.
+        let left = if lead.at_cursor {
+            0
+        } else if self.cursor {
+            need
+        } else {
+            take - got.count_ones()
+        };
         let mut served = 0;
         if left > 0 {
             let from = (hint >> 6) as u32;
@@ -135,6 +168,10 @@ impl<'a> Slab<'a> {
             match self.find_shard(warp, active, shard + 1) {
                 Some(s) => shard = s,
                 None => break,
+            }
+            if lead.at_cursor {
+                served += self.take_at_cursor(warp, active, shard, need - served, mine);
+                continue;
             }
             let mut t = 0;
             if lane == leader {
@@ -160,9 +197,56 @@ impl<'a> Slab<'a> {
         *mine
     }
 
+    /// [`Slab::alloc_slow`]'s step in shard `s` for the `want` lanes still waiting (those with
+    /// [`NONE`] in `mine`): a run at the shard's cursor, as
+    /// [`Slab::lead_retrying`] takes it, then, if that wins nothing, the shard's clear bits word
+    /// by word from its first. Returns how many it served.
+    #[inline(always)]
+    fn take_at_cursor<W: Warp>(
+        &self,
+        warp: &W,
+        active: u32,
+        s: u32,
+        want: u32,
+        mine: &mut u64,
+    ) -> u32 {
+        let leader = active.trailing_zeros();
+        let start = (s as u64) << (6 + self.h.shard_words_log2);
+        let (mut at, mut won, mut extra) = (start, 0, 0);
+        if warp.lane() == leader {
+            (at, _, won, extra) = self.lead_retrying(warp, start, want);
+        }
+        let lead = Lead {
+            shard: s,
+            hint: start + warp.shfl(active, (at - start) as u32, leader) as u64,
+            take: 0,
+            won: warp.shfl(active, won, leader),
+            extra: warp.shfl64(active, extra, leader),
+            mask: self.shard_mask(),
+            at_cursor: true,
+        };
+        // The waiting lanes, ranked among themselves, take the run's blocks in rank order.
+        let waiting = warp.ballot(active, *mine == NONE);
+        if *mine == NONE {
+            *mine = lead.block(rank_in(waiting, warp.lane())).unwrap_or(NONE);
+        }
+        let n = lead.won.count_ones() + lead.extra.count_ones();
+        if n > 0 {
+            return n;
+        }
+        let rank = if *mine == NONE {
+            rank_in(waiting, warp.lane())
+        } else {
+            u32::MAX
+        };
+        let first = s << self.h.shard_words_log2;
+        self.claim(warp, active, (s, first, 0), want, (rank, 0), mine)
+    }
+
     /// Claims `take` reserved bits of `shard`, starting at `start_word` bit `from`, and gives
     /// the lane of rank `served + j` the `j`-th of them. Returns how many it claimed (`take`
-    /// unless frees kept racing it; the rest of the reservation is then given back).
+    /// unless frees kept racing it, or, with cursors, the shard had fewer clear bits; the rest
+    /// of the reservation is then given back).
     #[inline(always)]
     fn claim<W: Warp>(
         &self,
@@ -188,9 +272,15 @@ impl<'a> Slab<'a> {
         // (each word once, the first twice): a pile-up of warps on one shard loses many rounds,
         // yet every one of them is covered here.
         let mut budget = 65 * (words + 1) + 32;
+        // With cursors nothing is reserved, so the shard may be full: the claim ends once the
+        // leader has moved through every word without a bit (a `word` of `u32::MAX` tells the
+        // lanes).
+        let mut empty_moves = 0;
         while left > 0 {
             let mut got = 0u64;
-            if is_leader {
+            if is_leader && self.cursor && empty_moves > words {
+                w = u32::MAX;
+            } else if is_leader {
                 if !known {
                     cur = self.word(w).load(Ordering::Relaxed);
                     known = true;
@@ -201,16 +291,21 @@ impl<'a> Slab<'a> {
             }
             let got = warp.shfl64(active, got, leader);
             let word = warp.shfl(active, w, leader);
+            if word == u32::MAX {
+                break;
+            }
             let n = got.count_ones();
             if rank >= served && rank < served + n {
                 *mine = word as u64 * 64 + nth_set_bit(got, rank - served) as u64;
             }
             served += n;
             left -= n;
+            empty_moves = if n > 0 { 0 } else { empty_moves };
             if is_leader && left > 0 && (!cur & self.valid_bits(w) & (u64::MAX << from)) == 0 {
                 w = if w + 1 == first + words { first } else { w + 1 };
                 from = 0;
                 known = false;
+                empty_moves += 1;
             }
             budget -= 1;
             if budget == 0 {
@@ -263,6 +358,14 @@ impl<'a> Slab<'a> {
 #[inline(never)]
 fn wrap_hint(hint: u64, cap: u64) -> u64 {
     hint % cap
+}
+
+/// A cursor's place `at` in a short last shard of `cap` blocks (`at >= cap`): out of line, as
+/// [`wrap_hint`].
+#[cold]
+#[inline(never)]
+fn wrap_cursor(at: u32, cap: u32) -> u32 {
+    at % cap
 }
 
 /// `hint`, a block index among `from` blocks, moved to the same fraction of `to` blocks: to a

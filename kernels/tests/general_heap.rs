@@ -138,7 +138,11 @@ fn exhausting_one_class_leaves_the_others_alone() {
     assert_eq!(seen.len() as u64, cap0, "distinct blocks");
     assert!(heap.malloc(&w, 1).is_null());
     assert!(!heap.malloc(&w, 17).is_null(), "class 1 untouched");
-    assert_eq!(heap.class_stats(0), (cap0, cap0, 1, 0, 0));
+    assert_eq!(
+        heap.class_stats(0),
+        (cap0, 0, 1, 0, 0),
+        "no peak with cursors"
+    );
     // Frees return blocks: the full class serves again.
     let p = big.pop().unwrap();
     heap.free(&w, p);
@@ -215,7 +219,7 @@ fn one_size_across_a_warp_takes_one_run() {
     assert!(idx.windows(2).all(|w| w[1] == w[0] + 1), "{idx:?}");
     assert_eq!(heap.class_stats(2).0, 32);
     lockstep::run(32, 0, |w| heap.free(w, got[w.lane() as usize] as *mut u8));
-    assert_eq!(heap.class_stats(2), (0, 32, 0, 0, 0));
+    assert_eq!(heap.class_stats(2), (0, 0, 0, 0, 0), "no peak with cursors");
 }
 
 /// True when no two of `blocks` (address, bytes) overlap; sorts them.
@@ -227,3 +231,6 @@ fn disjoint(blocks: &mut [(u64, u64)]) -> bool {
 // Warps whose lanes ask for several classes at once.
 #[path = "general_heap/mixed_warps.rs"]
 mod mixed_warps;
+// `carve_malloc`'s entry point for a whole warp: one class of one heap, or a fall back.
+#[path = "general_heap/one_class.rs"]
+mod one_class;

@@ -137,3 +137,99 @@ fn bump_global_reservation_is_exact_for_the_winner() {
         assert!(heap.bump_offset() == 32 || heap.bump_offset() == 64);
     });
 }
+
+/// A slab whose shard counts are cursors (a general heap's class), of `cap` blocks in one shard.
+fn cursor_heap(cap: u64) -> Arc<HostHeap> {
+    Arc::new(HostHeap::slab(
+        cap,
+        16,
+        Some(0),
+        FLAG_CHECKED_FREES | FLAG_CURSOR_SHARDS,
+    ))
+}
+
+/// The cursor view of `heap`.
+fn cursors(heap: &HostHeap) -> Slab<'_> {
+    // SAFETY: the test heap outlives every use, and blocks are used only by their owner.
+    unsafe { Slab::new(&heap.handle) }.cursors(true)
+}
+
+/// With cursors, a free (one `fetch_and`, no count) racing two allocations on a 2-block slab:
+/// no block is handed out twice, the bitmap holds exactly the live blocks, and a block the
+/// race left free comes back.
+#[test]
+fn cursor_slab_alloc_races_free() {
+    loom::model(|| {
+        let heap = cursor_heap(2);
+        let w = SoloLane::default();
+        let a = cursors(&heap).alloc(&w, 0, true) as u64;
+        assert_ne!(a, 0);
+        let h2 = heap.clone();
+        let t = thread::spawn(move || {
+            let slab = cursors(&h2);
+            slab.free_index(&SoloLane { slot: 1 }, slab.index_of(a as *mut u8).unwrap());
+        });
+        let b = cursors(&heap).alloc(&w, 0, true) as u64;
+        let c = cursors(&heap).alloc(&w, 1, true) as u64;
+        t.join().unwrap();
+        assert_ne!(b, 0, "one block was never taken");
+        assert_ne!(b, c);
+        let live = [b, c].iter().filter(|&&p| p != 0).count() as u64;
+        assert_eq!(heap.bits_set(), live);
+        if c == 0 {
+            assert!(!cursors(&heap).alloc(&w, 0, true).is_null());
+        }
+        assert_eq!(heap.counter(COUNTER_DOUBLE_FREES), 0);
+    });
+}
+
+/// Two warps free the same block at once (a double free across warps, before any
+/// reallocation) while a third allocates: the block is cleared once, the other free is
+/// counted, and no block is handed out twice.
+#[test]
+fn cursor_slab_double_free_across_warps() {
+    loom::model(|| {
+        let heap = cursor_heap(2);
+        let w = SoloLane::default();
+        let a = cursors(&heap).alloc(&w, 0, true) as u64;
+        let b = cursors(&heap).alloc(&w, 0, true) as u64;
+        assert!(a != 0 && b != 0 && a != b);
+        let frees: Vec<_> = (1..3)
+            .map(|slot| {
+                let h = heap.clone();
+                thread::spawn(move || {
+                    let slab = cursors(&h);
+                    slab.free_index(&SoloLane { slot }, slab.index_of(a as *mut u8).unwrap());
+                })
+            })
+            .collect();
+        for t in frees {
+            t.join().unwrap();
+        }
+        assert_eq!(heap.counter(COUNTER_DOUBLE_FREES), 1);
+        assert_eq!(heap.bits_set(), 1);
+        let c = cursors(&heap).alloc(&w, 0, true) as u64;
+        assert_eq!(c, a, "the one free block");
+        assert!(cursors(&heap).alloc(&w, 0, true).is_null());
+        assert_eq!(heap.counter(COUNTER_FAILED_ALLOCS), 1);
+    });
+}
+
+/// Two warps race for the last block of a slab with cursors (nothing reserves it): exactly one
+/// gets it, the other returns null and counts the failure, with no spin.
+#[test]
+fn cursor_slab_allocs_race_for_the_last_block() {
+    loom::model(|| {
+        let heap = cursor_heap(2);
+        let held = cursors(&heap).alloc(&SoloLane::default(), 1, true) as u64;
+        assert_ne!(held, 0);
+        let h2 = heap.clone();
+        let t = thread::spawn(move || cursors(&h2).alloc(&SoloLane { slot: 1 }, 0, true) as u64);
+        let mine = cursors(&heap).alloc(&SoloLane::default(), 1, true) as u64;
+        let theirs = t.join().unwrap();
+        assert!((mine == 0) != (theirs == 0), "{mine:#x} {theirs:#x}");
+        assert_ne!(mine.max(theirs), held);
+        assert_eq!(heap.bits_set(), 2);
+        assert_eq!(heap.counter(COUNTER_FAILED_ALLOCS), 1);
+    });
+}

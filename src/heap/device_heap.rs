@@ -230,7 +230,7 @@ impl DeviceHeap {
 
     /// One segment's statistics (one copy; a class segment of a general heap reads as a slab).
     pub(super) fn segment_stat(&self, seg: &Segment) -> Result<HeapStats> {
-        let mut prefix = vec![0u8; seg.layout.stats_end];
+        let mut prefix = vec![0u8; seg.layout.stats_len(seg.handle.flags)];
         self.copy_out(seg.ptr, &mut prefix)?;
         let kind = match self.kind {
             // A class segment of a growable general heap.

@@ -63,7 +63,7 @@ impl ForeignHeapPlan {
 
     /// Bytes at the region's start that hold the statistics ([`ForeignHeapPlan::stats`]).
     pub fn stats_bytes(&self) -> usize {
-        self.layout.stats_end
+        self.layout.stats_len(self.handle.flags)
     }
 
     /// The handle to write at `base`, the start of a zeroed region of [`bytes`](Self::bytes)
@@ -96,11 +96,11 @@ impl ForeignHeapPlan {
 
     /// Decodes the statistics from the region's first [`stats_bytes`](Self::stats_bytes) bytes.
     pub fn stats(&self, prefix: &[u8]) -> Result<HeapStats> {
-        if prefix.len() < self.layout.stats_end {
+        if prefix.len() < self.stats_bytes() {
             return Err(Error::InvalidArgument(format!(
                 "{} bytes of heap prefix given, {} needed",
                 prefix.len(),
-                self.layout.stats_end
+                self.stats_bytes()
             )));
         }
         Ok(HeapStats::parse(

@@ -275,12 +275,12 @@ impl DeviceHeap {
         })?;
         let base = self.segments[0].ptr.as_ptr() as u64;
         let off = plan.class_offset(class);
-        let mut prefix = vec![0u8; k.layout.stats_end];
+        let h = plan.class_handle(class, base, self.flags);
+        let mut prefix = vec![0u8; k.layout.stats_len(h.flags)];
         // The class segment lies inside the region, `off` bytes from its base.
         let at = NonNull::new(self.segments[0].ptr.as_ptr().wrapping_add(off))
             .unwrap_or(self.segments[0].ptr);
         self.copy_out(at, &mut prefix)?;
-        let h = plan.class_handle(class, base, self.flags);
         let kind = HeapKind::Slab {
             block_size: k.block_size,
         };
@@ -418,7 +418,9 @@ impl DeviceHeap {
         block_size: u64,
         head: u64,
     ) -> Result<()> {
-        let (mut handle, region) = slab_plan(cap, block_size, self.flags)?;
+        // A class's segments all take runs at their shards' cursors (`carve_malloc`'s slabs).
+        let flags = self.flags | layout::FLAG_CURSOR_SHARDS;
+        let (mut handle, region) = slab_plan(cap, block_size, flags)?;
         relocate(&mut handle, &region, at);
         handle.next = head;
         let ptr = NonNull::new(at as *mut u8)

@@ -2,7 +2,7 @@
 
 use carve_kernels::heap_layout::{
     HeapHandle, RegionLayout, COUNTER_DOUBLE_FREES, COUNTER_FAILED_ALLOCS, COUNTER_FOREIGN_FREES,
-    COUNTER_SLOTS,
+    COUNTER_SLOTS, FLAG_CURSOR_SHARDS,
 };
 
 use super::region::HeapKind;
@@ -20,8 +20,9 @@ pub struct HeapStats {
     /// chunk padding (bump).
     pub in_use: u64,
     /// Slab: the sum over shards of each shard's peak, an upper bound on the peak number of
-    /// blocks in use that equals it when the peak came before the first free. Bump: equal to
-    /// `in_use` (nothing is freed).
+    /// blocks in use that equals it when the peak came before the first free. The classes of a
+    /// general heap keep no peak (their frees touch nothing but the bitmap): `in_use`. Bump:
+    /// equal to `in_use` (nothing is freed).
     pub high_water: u64,
     /// Requests that returned null (refused sizes and alignments included; for a general heap,
     /// requests of 0 bytes or past its largest class too).
@@ -56,8 +57,10 @@ impl HeapStats {
         self.foreign_frees += o.foreign_frees;
     }
 
-    /// Decodes one segment's prefix (`[0, layout.stats_end)` of its region). Sums saturate: a
-    /// prefix that is not a heap's (a wrong copy, garbage) gives large numbers, never a panic.
+    /// Decodes one segment's prefix (`[0, layout.stats_len(h.flags))` of its region: through
+    /// the bitmap for a general heap's class, whose blocks in use are its bits set). Sums
+    /// saturate: a prefix that is not a heap's (a wrong copy, garbage) gives large numbers,
+    /// never a panic; so does one too short to hold the bitmap.
     pub(super) fn parse(kind: HeapKind, h: &HeapHandle, l: &RegionLayout, prefix: &[u8]) -> Self {
         let u64_at = |off: usize| u64::from_le_bytes(prefix[off..off + 8].try_into().unwrap());
         let u32_at = |off: usize| u32::from_le_bytes(prefix[off..off + 4].try_into().unwrap());
@@ -67,6 +70,16 @@ impl HeapStats {
                 .map(|s| u64_at(l.counters + 8 * (which * COUNTER_SLOTS + s))))
         };
         let (in_use, high_water) = match kind {
+            HeapKind::Slab { .. } if h.flags & FLAG_CURSOR_SHARDS != 0 => {
+                let bits = l.words..l.words.saturating_add(8 * h.nwords as usize);
+                let used = prefix.get(bits).map_or(u64::MAX, |words| {
+                    words
+                        .chunks_exact(8)
+                        .map(|w| u64::from_le_bytes(w.try_into().unwrap()).count_ones() as u64)
+                        .sum()
+                });
+                (used, used)
+            }
             HeapKind::Slab { .. } => {
                 let n = h.nshards as usize;
                 let used = sum(&mut (0..n).map(|i| u32_at(l.shard_used + 4 * i) as u64));
@@ -123,6 +136,33 @@ mod tests {
             (s.failed_allocs, s.double_frees, s.foreign_frees),
             (5, 2, 7)
         );
+    }
+
+    /// A general heap's class counts its blocks in use in its bitmap, whatever its cursors
+    /// hold; a prefix that stops short of the bitmap reads as full, never as empty.
+    #[test]
+    fn cursor_shards_count_bits_set() {
+        let g = slab_geometry(300).unwrap();
+        let l = slab_layout(g, 300, 16, 16).unwrap();
+        let h = HeapHandle {
+            capacity: 300,
+            nshards: g.nshards,
+            nwords: g.nwords,
+            flags: FLAG_CURSOR_SHARDS,
+            ..bytemuck::Zeroable::zeroed()
+        };
+        assert_eq!(l.stats_len(h.flags), l.meta_end);
+        let mut p = vec![0u8; l.stats_len(h.flags)];
+        for i in 0..g.nshards as usize {
+            p[l.shard_used + 4 * i..l.shard_used + 4 * i + 4]
+                .copy_from_slice(&999u32.to_le_bytes());
+        }
+        p[l.words..l.words + 8].copy_from_slice(&0b1011u64.to_le_bytes());
+        p[l.words + 16..l.words + 24].copy_from_slice(&u64::MAX.to_le_bytes());
+        let s = HeapStats::parse(HeapKind::Slab { block_size: 16 }, &h, &l, &p);
+        assert_eq!((s.in_use, s.high_water), (67, 67));
+        let s = HeapStats::parse(HeapKind::Slab { block_size: 16 }, &h, &l, &p[..l.stats_end]);
+        assert_eq!(s.in_use, u64::MAX);
     }
 
     /// Found by tests/fuzz.rs: counters of a garbage prefix overflowed their sum (a panic in

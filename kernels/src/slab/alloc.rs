@@ -54,6 +54,8 @@ impl<'a> Slab<'a> {
             take,
             won,
             extra: 0,
+            mask: self.shard_mask(),
+            at_cursor: false,
         };
         self.finish(warp, lead, count)
     }
@@ -62,6 +64,12 @@ impl<'a> Slab<'a> {
     #[inline(always)]
     pub(crate) fn shard_of(&self, hint: u64) -> u32 {
         ((hint >> 6) >> self.h.shard_words_log2) as u32
+    }
+
+    /// The blocks of a whole shard less one (shards hold a power of two blocks).
+    #[inline(always)]
+    pub(crate) fn shard_mask(&self) -> u64 {
+        (64u64 << self.h.shard_words_log2) - 1
     }
 
     /// The leader's half of the fast path, for `total` lanes from block `hint` (`< capacity`):
@@ -112,6 +120,13 @@ impl<'a> Slab<'a> {
     /// 0): what a retry in that word starts from.
     #[inline(always)]
     fn claim_run_seen<W: Warp>(&self, warp: &W, hint: u64, n: u32) -> (u32, u64) {
+        self.claim_run_into(warp, hint, n, (hint >> 6) as u32 + 1)
+    }
+
+    /// [`Slab::claim_run_seen`] for a run whose bits past the hint's word lie in word `next`
+    /// (the word after it, or its shard's first for a run that goes round its shard).
+    #[inline(always)]
+    fn claim_run_into<W: Warp>(&self, warp: &W, hint: u64, n: u32, next: u32) -> (u32, u64) {
         if n == 0 {
             return (0, 0);
         }
@@ -125,7 +140,7 @@ impl<'a> Slab<'a> {
         let mut won = ((lo & !old_lo) >> o) as u32;
         if o + n > 64 {
             let hi = run >> (64 - o);
-            let old_hi = warp.fetch_or_acquire(self.word(w + 1), hi);
+            let old_hi = warp.fetch_or_acquire(self.word(next), hi);
             won |= ((hi & !old_hi) << (64 - o)) as u32;
         }
         (won, old_lo | lo)
@@ -155,9 +170,15 @@ impl<'a> Slab<'a> {
         if take == 0 {
             return (hint, 0, 0, 0);
         }
-        // `old + take` is within the shard: the run needs no clipping.
-        let hint = ((s as u64) << (6 + self.h.shard_words_log2)) + old as u64;
-        let (won, seen) = self.claim_run_seen(warp, hint, take);
+        let log2 = self.h.shard_words_log2;
+        let hint = ((s as u64) << (6 + log2)) + old as u64;
+        // A run past the end of a whole shard goes on at its start ([`Lead::block`]): the
+        // blocks this shard's cursor reaches next. Shards end on word boundaries.
+        let mut next = (hint >> 6) as u32 + 1;
+        if next & ((1 << log2) - 1) == 0 {
+            next -= 1 << log2;
+        }
+        let (won, seen) = self.claim_run_into(warp, hint, take, next);
         let missing = take - won.count_ones();
         if missing == 0 {
             return (hint, take, won, 0);

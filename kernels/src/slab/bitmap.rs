@@ -1,7 +1,7 @@
 //! A slab segment's arrays and the atomic steps on them: reserving blocks in a shard's count,
 //! claiming bits of a bitmap word.
 
-use super::Slab;
+use super::{wrap_cursor, Slab};
 use crate::heap_layout::*;
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use crate::warp::{lowest_set_bits, Warp};
@@ -14,7 +14,19 @@ impl<'a> Slab<'a> {
     /// and are accessed only atomically by others, for `'a`.
     #[inline(always)]
     pub unsafe fn new(h: &'a HeapHandle) -> Self {
-        Slab { h, home: h }
+        Slab {
+            h,
+            home: h,
+            cursor: false,
+        }
+    }
+
+    /// This view with shard counts that are cursors (`cursor`: the segment is a class of a
+    /// general heap, whose handles carry [`FLAG_CURSOR_SHARDS`]) or counts of blocks in use.
+    #[inline(always)]
+    pub fn cursors(self, cursor: bool) -> Self {
+        debug_assert_eq!(cursor, self.h.flags & FLAG_CURSOR_SHARDS != 0);
+        Slab { cursor, ..self }
     }
 
     /// Views a slab segment through `copy`, a copy of the handle at `home` (equal to it).
@@ -24,7 +36,11 @@ impl<'a> Slab<'a> {
     #[inline(always)]
     pub unsafe fn with_copy(copy: &'a HeapHandle, home: &'a HeapHandle) -> Self {
         debug_assert!(copy == home);
-        Slab { h: copy, home }
+        Slab {
+            h: copy,
+            home,
+            cursor: false,
+        }
     }
 
     /// The same segment through its handle in the region (for the out-of-line paths).
@@ -33,6 +49,7 @@ impl<'a> Slab<'a> {
         Slab {
             h: self.home,
             home: self.home,
+            cursor: self.cursor,
         }
     }
 
@@ -97,7 +114,8 @@ impl<'a> Slab<'a> {
     /// Reserves up to `want` blocks of shard `s` with one `fetch_add`; returns how many.
     ///
     /// The excess over the shard's capacity is given back at once, so without concurrent frees
-    /// the reservations of all callers add up to exactly the capacity.
+    /// the reservations of all callers add up to exactly the capacity. With cursors nothing is
+    /// reserved: `want`, and the claim finds what it can.
     #[inline(always)]
     pub fn reserve(&self, s: u32, want: u32) -> u32 {
         self.reserve_in(s, self.shard_capacity(s), want)
@@ -106,13 +124,35 @@ impl<'a> Slab<'a> {
     /// [`Slab::reserve`] for shard `s` of `cap` blocks.
     #[inline(always)]
     pub(super) fn reserve_in(&self, s: u32, cap: u32, want: u32) -> u32 {
+        if self.cursor {
+            return want;
+        }
         self.reserve_seen(s, cap, want).0
     }
 
     /// [`Slab::reserve_in`], with the shard's count before this call's `fetch_add`; a reservation
     /// of `take > 0` blocks ends at or below the shard's capacity from there: `old + take <= cap`.
+    ///
+    /// With cursors: moves the cursor by `want` (one Relaxed `fetch_add`, nothing given back,
+    /// no peak) and returns where it stood, as a block of the shard, and `want`: a run from
+    /// there goes on at the shard's start past its end ([`super::Lead::block`]). The short last
+    /// shard, whose end may fall inside a word, clips the run to its end instead (at least one
+    /// block).
     #[inline(always)]
     pub(super) fn reserve_seen(&self, s: u32, cap: u32, want: u32) -> (u32, u32) {
+        if self.cursor {
+            let old = self.used(s).fetch_add(want, Ordering::Relaxed);
+            // Shards hold a power of two blocks, which divides 2^32: the cursor wraps in step.
+            let per = 64u32 << self.h.shard_words_log2;
+            let mut at = old & (per - 1);
+            if cap == per {
+                return (want, at);
+            }
+            if at >= cap {
+                at = wrap_cursor(at, cap);
+            }
+            return (want.min(cap - at), at);
+        }
         // Acquire: pairs with the Release decrement in `free`, so a reserved block's bit is seen
         // clear by the claim that follows. Relaxed, the slow path could wait on a bit it does not
         // see cleared yet: the loom model `slab_alloc_races_free` finds that spin.
@@ -127,10 +167,11 @@ impl<'a> Slab<'a> {
         (take, old)
     }
 
-    /// Gives back `n` reserved blocks of shard `s` that were never claimed.
+    /// Gives back `n` reserved blocks of shard `s` that were never claimed (or that a free
+    /// cleared). Nothing with cursors: no count stands for them.
     #[inline(always)]
     pub fn unreserve(&self, s: u32, n: u32) {
-        if n > 0 {
+        if n > 0 && !self.cursor {
             self.used(s).fetch_sub(n, Ordering::Release);
         }
     }
@@ -160,9 +201,16 @@ impl<'a> Slab<'a> {
         (mask & !old, old | mask)
     }
 
-    /// True when shard `s` has a block not counted as used.
+    /// True when shard `s` has a block not counted as used; with cursors, a clear bit in its
+    /// words (a Relaxed load each: a stale answer costs a scan or a retry, never a block).
     #[inline(always)]
     pub fn has_room(&self, s: u32) -> bool {
+        if self.cursor {
+            let first = s << self.h.shard_words_log2;
+            let end = (first + (1 << self.h.shard_words_log2)).min(self.h.nwords);
+            return (first..end)
+                .any(|w| !self.word(w).load(Ordering::Relaxed) & self.valid_bits(w) != 0);
+        }
         self.used(s).load(Ordering::Relaxed) < self.shard_capacity(s)
     }
 

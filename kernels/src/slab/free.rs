@@ -114,6 +114,13 @@ impl<'a> Slab<'a> {
         let head = group.trailing_zeros();
         let b0 = warp.shfl(active, b, head);
         let in_run = warp.ballot(active, b == b0 + rank_in(group, lane));
+        // Lanes freeing the same block: only the first clears it, the others count as double
+        // frees. Were both to clear it, a block claimed between the two clears (at once, with
+        // cursors) would be freed under its next owner.
+        let first_of_block = in_run == active || {
+            let same = warp.match_any(active, idx);
+            same.trailing_zeros() == lane
+        };
         let lanes = group.count_ones();
         let mut freed = 0;
         let mut mine_was_set = false;
@@ -125,7 +132,7 @@ impl<'a> Slab<'a> {
                 let old = warp.fetch_and_release(self.word(word), !run);
                 freed = (old & run).count_ones();
             }
-        } else {
+        } else if first_of_block {
             let bit = 1u64 << b;
             let old = warp.fetch_and_release(self.word(word), !bit);
             mine_was_set = old & bit != 0;

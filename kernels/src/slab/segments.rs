@@ -14,10 +14,28 @@ use crate::warp::Warp;
 /// `h` and every `next` handle must satisfy [`Slab::new`] for the duration of the call.
 #[inline(always)]
 pub unsafe fn chain_alloc<W: Warp>(h: &HeapHandle, warp: &W, hint: u64) -> *mut u8 {
+    // SAFETY: forwarded contract.
+    unsafe { chain_alloc_in(h, warp, hint, false) }
+}
+
+/// [`chain_alloc`] over segments whose shard counts are cursors when `cursor` ([`Slab::cursors`]:
+/// a general heap's classes).
+///
+/// # Safety
+/// As for [`chain_alloc`].
+#[inline(always)]
+pub(crate) unsafe fn chain_alloc_in<W: Warp>(
+    h: &HeapHandle,
+    warp: &W,
+    hint: u64,
+    cursor: bool,
+) -> *mut u8 {
     let each = SlabSegments {
         hint,
         first_capacity: h.capacity,
         at: hint,
+        cursor,
+        count: true,
     };
     // SAFETY: forwarded contract; `SlabSegments` views each segment with `Slab::new`.
     unsafe { chain::alloc(h, warp, each) }
@@ -25,12 +43,18 @@ pub unsafe fn chain_alloc<W: Warp>(h: &HeapHandle, warp: &W, hint: u64) -> *mut 
 
 /// [`chain_alloc`] for the lanes that the chain's first segment, `h`, left without a block: the
 /// segments after it, with `hint` (a block index of `h`) moved in proportion. Null when `h` ends
-/// the chain.
+/// the chain. The last segment counts the lanes it leaves without a block as failed when
+/// `count` (false when the caller tries again elsewhere).
 ///
 /// # Safety
 /// As for [`chain_alloc`].
 #[inline(always)]
-pub(crate) unsafe fn chain_alloc_after<W: Warp>(h: &HeapHandle, warp: &W, hint: u64) -> *mut u8 {
+pub(crate) unsafe fn chain_alloc_after<W: Warp>(
+    h: &HeapHandle,
+    warp: &W,
+    hint: u64,
+    (cursor, count): (bool, bool),
+) -> *mut u8 {
     if h.next == 0 {
         return core::ptr::null_mut();
     }
@@ -40,6 +64,8 @@ pub(crate) unsafe fn chain_alloc_after<W: Warp>(h: &HeapHandle, warp: &W, hint: 
         hint,
         first_capacity: h.capacity,
         at: rescale_hint(hint, h.capacity, next.capacity),
+        cursor,
+        count,
     };
     // SAFETY: forwarded contract; `SlabSegments` views each segment with `Slab::new`.
     unsafe { chain::alloc(next, warp, each) }
@@ -53,13 +79,19 @@ struct SlabSegments {
     first_capacity: u64,
     /// Where the current segment's allocation starts.
     at: u64,
+    /// The segments' shard counts are cursors.
+    cursor: bool,
+    /// The last segment counts its failures.
+    count: bool,
 }
 
 impl SegmentAlloc for SlabSegments {
     #[inline(always)]
     unsafe fn alloc<V: Warp>(&mut self, seg: &HeapHandle, warp: &V, last: bool) -> *mut u8 {
         // SAFETY: the trait's contract, for a slab segment.
-        unsafe { Slab::new(seg) }.alloc(warp, self.at, last)
+        unsafe { Slab::new(seg) }
+            .cursors(self.cursor)
+            .alloc(warp, self.at, last && self.count)
     }
 
     /// The same place in proportion: a hint spread over the first segment would crowd every
@@ -76,12 +108,22 @@ impl SegmentAlloc for SlabSegments {
 /// As for [`chain_alloc`]; `ptr` must not be used after this call if it is a block of the heap.
 #[inline(always)]
 pub unsafe fn chain_free<W: Warp>(h: &HeapHandle, warp: &W, ptr: *mut u8) {
+    // SAFETY: forwarded contract.
+    unsafe { chain_free_in(h, warp, ptr, false) }
+}
+
+/// [`chain_free`], `cursor` as for [`chain_alloc_in`].
+///
+/// # Safety
+/// As for [`chain_free`].
+#[inline(always)]
+pub(crate) unsafe fn chain_free_in<W: Warp>(h: &HeapHandle, warp: &W, ptr: *mut u8, cursor: bool) {
     // SAFETY: the caller vouches for the chain.
-    if unsafe { Slab::new(h) }.free_run(warp, ptr) {
+    if unsafe { Slab::new(h) }.cursors(cursor).free_run(warp, ptr) {
         return;
     }
     // SAFETY: as above.
-    unsafe { chain_free_each(h, warp, ptr) }
+    unsafe { chain_free_each_in(h, warp, ptr, cursor) }
 }
 
 /// [`chain_free`] lane by lane: each lane finds its segment, then the lanes of a segment free
@@ -91,11 +133,26 @@ pub unsafe fn chain_free<W: Warp>(h: &HeapHandle, warp: &W, ptr: *mut u8) {
 /// As for [`chain_free`].
 #[inline(always)]
 pub unsafe fn chain_free_each<W: Warp>(h: &HeapHandle, warp: &W, ptr: *mut u8) {
+    // SAFETY: forwarded contract.
+    unsafe { chain_free_each_in(h, warp, ptr, false) }
+}
+
+/// [`chain_free_each`], `cursor` as for [`chain_alloc_in`].
+///
+/// # Safety
+/// As for [`chain_free`].
+#[inline(always)]
+pub(crate) unsafe fn chain_free_each_in<W: Warp>(
+    h: &HeapHandle,
+    warp: &W,
+    ptr: *mut u8,
+    cursor: bool,
+) {
     // Each lane finds its segment (or none) with no collective...
     let mut seg = h;
     let found = loop {
         // SAFETY: the caller vouches for every segment of the chain.
-        let slab = unsafe { Slab::new(seg) };
+        let slab = unsafe { Slab::new(seg) }.cursors(cursor);
         if let Some(idx) = slab.index_of(ptr) {
             break Some((slab, idx));
         }

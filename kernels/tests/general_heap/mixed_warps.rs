@@ -106,118 +106,84 @@ fn mixed_warps_take_consecutive_runs_and_free_them_whole() {
     assert_eq!(heap.header_counter(COUNTER_FOREIGN_FREES), 0);
 }
 
-/// Frees out of the order of handing out leave a shard's count pointing into blocks still in
-/// use: the group's run is lost there, and the leader's retry takes the freed blocks among the
-/// clear bits of the run's word, in the same step.
+/// Blocks in shard 0 of class `c` (its cursor wraps there).
+fn shard_blocks(heap: &HostGeneral, c: usize) -> u64 {
+    64 << heap.class(c).shard_words_log2
+}
+
+/// Fills shard 0 of the 48 B class with warps whose lanes below 16 ask 48 B (the rest 64 B), so that the class's cursor has gone once round the shard; returns each call's
+/// pointers and the class.
+fn fill_shard_of_48(heap: &HostGeneral) -> (Vec<Vec<u64>>, usize) {
+    let c = class_of(48).unwrap() as usize;
+    let calls = shard_blocks(heap, c) / 16;
+    let mut got = Vec::new();
+    for call in 0..calls as u32 {
+        got.push(lockstep::run(32, call, |w| {
+            let bytes = if w.lane() < 16 { 48 } else { 64 };
+            let p = heap.malloc(w, bytes);
+            assert!(!p.is_null());
+            // SAFETY: the block is this lane's, at least its size long.
+            unsafe { p.write_bytes(call as u8 ^ (w.lane() as u8) << 3, bytes as usize) };
+            p as u64
+        }));
+    }
+    assert_eq!(index_in(heap, c, got[0][0]), 0, "shard 0 first");
+    assert_eq!(bitmap_ones(heap, c), shard_blocks(heap, c), "shard 0 full");
+    (got, c)
+}
+
+/// Frees lanes `lanes` of `ptrs` (48 B blocks) in one call.
+fn free_lanes(heap: &HostGeneral, ptrs: &[u64], lanes: core::ops::Range<u32>) {
+    lockstep::run(32, 0, |w| {
+        let p = if lanes.contains(&w.lane()) {
+            ptrs[w.lane() as usize]
+        } else {
+            0
+        };
+        heap.free(w, p as *mut u8)
+    });
+}
+
+/// Once a class's cursor has gone round its shard, a group's run lies on blocks still in use:
+/// the leader's retry takes the blocks freed in the run's word, among its clear bits, in the
+/// same step, rank by rank.
 #[test]
 fn a_group_whose_run_is_lost_takes_the_clear_bits_of_its_word() {
     let heap = HostGeneral::new(1 << 18);
-    let size = |l: u32| if l < 12 { 48 } else { 1024 };
-    let c = class_of(48).unwrap() as usize;
-    let mut got = Vec::new();
-    for call in 0..5u32 {
-        got.push(lockstep::run(32, call, |w| {
-            heap.malloc(w, size(w.lane())) as u64
-        }));
-    }
-    let base = index_in(&heap, c, got[0][0]);
-    // Call 0's twelve blocks back: the count is 48, where call 4's run lies.
-    lockstep::run(32, 0, |w| {
-        let p = if w.lane() < 12 {
-            got[0][w.lane() as usize]
-        } else {
-            0
-        };
-        heap.free(w, p as *mut u8)
+    let (mut got, c) = fill_shard_of_48(&heap);
+    let per = shard_blocks(&heap, c);
+    // Call 1's sixteen blocks (16..32) back; the cursor points at 0, where call 0's lie.
+    free_lanes(&heap, &got[1], 0..16);
+    let again = lockstep::run(32, 99, |w| {
+        let bytes = if w.lane() < 16 { 48 } else { 64 };
+        heap.malloc(w, bytes) as u64
     });
-    let again = lockstep::run(32, 5, |w| heap.malloc(w, size(w.lane())) as u64);
-    let mut idx: Vec<u64> = again[..12]
-        .iter()
-        .map(|&p| index_in(&heap, c, p) - base)
-        .collect();
-    idx.sort_unstable();
+    let idx: Vec<u64> = again[..16].iter().map(|&p| index_in(&heap, c, p)).collect();
     assert_eq!(
         idx,
-        (0..12).collect::<Vec<u64>>(),
-        "the freed blocks, none other"
+        (16..32).collect::<Vec<u64>>(),
+        "the freed blocks in rank order, none other"
     );
-    assert_eq!(heap.class_stats(c).0, 5 * 12);
-    assert_eq!(bitmap_ones(&heap, c), 5 * 12);
-    for ptrs in got[1..].iter().chain([&again]) {
+    assert_eq!(heap.class_stats(c).0, per);
+    assert_eq!(bitmap_ones(&heap, c), per);
+    heap.check();
+    got[1][..16].fill(0);
+    got.push(again);
+    for ptrs in &got {
         lockstep::run(32, 0, |w| heap.free(w, ptrs[w.lane() as usize] as *mut u8));
     }
-    lockstep::run(32, 0, |w| {
-        let p = if w.lane() < 12 {
-            0
-        } else {
-            got[0][w.lane() as usize]
-        };
-        heap.free(w, p as *mut u8)
-    });
     assert_eq!(heap.total_in_use(), 0);
-    assert_eq!(bitmap_ones(&heap, c), 0);
     assert_eq!(heap.total_double_frees(), 0);
-}
-
-/// One class of a mixed warp runs out while the others are served: it hands out exactly its
-/// capacity, counts exactly the requests it could not serve, and the other lanes never fail.
-#[test]
-fn a_class_that_runs_out_under_a_mixed_warp() {
-    let heap = HostGeneral::new(1 << 16);
-    let big = class_of(4096).unwrap() as usize;
-    let small = class_of(16).unwrap() as usize;
-    let cap = heap.class(big).capacity;
-    let calls = (cap / 16 + 2) as u32;
-    let mut served = 0u64;
-    let mut nulls = 0u64;
-    let mut kept = Vec::new();
-    for call in 0..calls {
-        let got = lockstep::run(32, call, |w| {
-            let bytes = if w.lane() % 2 == 0 { 4096 } else { 16 };
-            heap.malloc(w, bytes) as u64
-        });
-        for (l, &p) in got.iter().enumerate() {
-            match (l % 2 == 0, p) {
-                (true, 0) => nulls += 1,
-                (true, p) => {
-                    heap.assert_block_of(p as *mut u8, 4096);
-                    served += 1;
-                }
-                (false, p) => {
-                    assert_ne!(p, 0, "call {call}: a 16 B lane failed");
-                    heap.assert_block_of(p as *mut u8, 16);
-                }
-            }
-        }
-        kept.push(got);
-    }
-    assert_eq!(served, cap);
-    assert_eq!(nulls, 16 * calls as u64 - cap);
-    assert_eq!(heap.class_stats(big).0, cap);
-    assert_eq!(heap.class_stats(big).2, nulls);
-    assert_eq!(heap.class_stats(small).2, 0);
-    let mut live: Vec<u64> = kept.iter().flatten().copied().filter(|&p| p != 0).collect();
-    live.sort_unstable();
-    live.dedup();
-    assert_eq!(
-        live.len() as u64,
-        served + 16 * calls as u64,
-        "a block handed out twice"
-    );
+    heap.check();
 }
 
 /// A class whose head segment runs out under a mixed warp goes on down its chain (as a grown
 /// heap links it): the lanes the head left without a block take the next segment's, every block
-/// of both is handed out once, and only the chain's last segment counts failures.
+/// of both is handed out once, and each lane left without one is counted once as failed.
 #[test]
 fn a_mixed_warp_goes_on_down_a_class_chain() {
-    let (head, tail) = (HostGeneral::new(1 << 16), HostGeneral::new(1 << 16));
     let c = class_of(4096).unwrap() as usize;
-    // SAFETY: class `c`'s handle lies in `head`'s region, which nothing else reads now.
-    unsafe {
-        let h = head.base.add(head.plan.class_offset(c)) as *mut HeapHandle;
-        (*h).next = tail.class(c) as *const HeapHandle as u64;
-    }
+    let (head, tail) = linked_chain(c);
     let cap = head.class(c).capacity + tail.class(c).capacity;
     let calls = (cap / 16 + 2) as u32;
     let mut got_big: Vec<u64> = Vec::new();
@@ -243,76 +209,117 @@ fn a_mixed_warp_goes_on_down_a_class_chain() {
     uniq.dedup();
     assert_eq!((uniq.len() as u64, got_big.len() as u64), (cap, cap));
     let failed = 16 * calls as u64 - cap;
-    assert_eq!(head.class_stats(c).2, 0, "the head counted failures");
-    assert_eq!(tail.class_stats(c).2, failed);
+    assert_eq!(
+        head.class_stats(c).2 + tail.class_stats(c).2,
+        failed,
+        "each failure counted once"
+    );
     assert_eq!(head.class_stats(c).0 + tail.class_stats(c).0, cap);
 }
 
-/// A group's run is lost and its word holds fewer clear bits than it needs: the leader's retry
-/// takes nothing, and the lanes left without a block go out of line, to the next clear bits
-/// from the run on.
+/// The head of a class chain linked to `tail`'s class `c`, both in host memory.
+fn linked_chain(c: usize) -> (HostGeneral, HostGeneral) {
+    let (head, tail) = (HostGeneral::new(1 << 16), HostGeneral::new(1 << 16));
+    // SAFETY: class `c`'s handle lies in `head`'s region, which nothing else reads now.
+    unsafe {
+        let h = head.base.add(head.plan.class_offset(c)) as *mut HeapHandle;
+        (*h).next = tail.class(c) as *const HeapHandle as u64;
+    }
+    (head, tail)
+}
+
+/// A group whose cursor run wins nothing in a chain's full head goes on down the chain first;
+/// when the rest of the chain is full too, it takes the clear bits left in the head after all,
+/// and no lane that got a block is counted as failed.
 #[test]
-fn a_group_whose_word_fills_goes_on_out_of_line() {
-    let heap = HostGeneral::new(1 << 18);
-    let size = |l: u32| {
-        if l < 12 {
-            48
-        } else {
-            16 + 16 * (l % 3) as u64 + 64
-        }
+fn a_group_lost_in_a_full_head_tries_the_chain_then_the_heads_clear_bits() {
+    let c = class_of(4096).unwrap() as usize;
+    let (head, tail) = linked_chain(c);
+    let cap = head.class(c).capacity + tail.class(c).capacity;
+    let mixed = |call: u32, big: u32| {
+        lockstep::run(32, call, |w| {
+            let bytes = if w.lane() < big { 4096 } else { 16 };
+            head.malloc(w, bytes) as u64
+        })
     };
-    let c = class_of(48).unwrap() as usize;
-    // Eleven calls: blocks 0..132 of the shard, words 0 and 1 full.
-    let mut got = Vec::new();
-    for call in 0..11u32 {
-        got.push(lockstep::run(32, call, |w| {
-            let p = heap.malloc(w, size(w.lane()));
+    // Fill both segments, one big block per call, then hand one of the head's back.
+    let mut big = Vec::new();
+    for call in 0..cap as u32 {
+        let p = mixed(call, 1)[0];
+        assert_ne!(p, 0, "call {call}");
+        big.push(p);
+    }
+    let in_head = |p: u64| {
+        let h = head.class(c);
+        p >= h.data && p < h.data + h.capacity * h.block_size
+    };
+    let hole = *big.iter().find(|&&p| in_head(p)).unwrap();
+    lockstep::run(32, 0, |w| {
+        head.free(w, if w.lane() == 0 { hole } else { 0 } as *mut u8)
+    });
+    let failed_before = head.class_stats(c).2 + tail.class_stats(c).2;
+    let again = mixed(900, 1)[0];
+    assert_eq!(again, hole, "the head's one clear block");
+    assert_eq!(head.class_stats(c).2 + tail.class_stats(c).2, failed_before);
+    // Now every block is in use: a lane left without one is counted once.
+    assert_eq!(mixed(901, 1)[0], 0);
+    assert_eq!(
+        head.class_stats(c).2 + tail.class_stats(c).2,
+        failed_before + 1
+    );
+    assert_eq!(head.class_stats(c).0 + tail.class_stats(c).0, cap);
+}
+
+/// A group's run is lost at its cursor and its word has no clear bit: the lanes take a run at
+/// the cursor of the next shard with room, not the clear bits ahead of their own cursor, which
+/// stay for that cursor's later runs: the group whose run reaches them takes them first.
+#[test]
+fn a_group_lost_at_its_cursor_takes_the_next_shards_cursor_run() {
+    let heap = HostGeneral::new(1 << 18);
+    let (mut got, c) = fill_shard_of_48(&heap);
+    let per = shard_blocks(&heap, c);
+    // Eight of call 5's blocks (80..88, word 1) back; word 0, under the cursor, stays full.
+    free_lanes(&heap, &got[5], 0..8);
+    let mut last = Vec::new();
+    // Runs at 0, 16, 32 and 48 of shard 0 are lost; the one at 64 reaches word 1.
+    for call in 77..82u32 {
+        last.push(lockstep::run(32, call, |w| {
+            let bytes = if w.lane() < 16 { 48 } else { 64 };
+            let p = heap.malloc(w, bytes);
             assert!(!p.is_null());
-            // SAFETY: the block is this lane's, at least its size long.
-            unsafe { p.write_bytes(call as u8 ^ (w.lane() as u8) << 3, size(w.lane()) as usize) };
+            // SAFETY: as in `fill_shard_of_48`.
+            unsafe { p.write_bytes(call as u8 ^ (w.lane() as u8) << 3, bytes as usize) };
             p as u64
         }));
     }
-    let base = index_in(&heap, c, got[0][0]);
-    assert_eq!(base % 64, 0);
-    // Eight of call 0's blocks back: the count is 124, in word 1, which has no clear bit. The
-    // run 124..136 wins 132..136 only; the other eight lanes take 136..144 out of line.
-    lockstep::run(32, 0, |w| {
-        let p = if w.lane() < 8 {
-            got[0][w.lane() as usize]
-        } else {
-            0
-        };
-        heap.free(w, p as *mut u8)
-    });
-    let call = 11u32;
-    let last = lockstep::run(32, call, |w| {
-        let p = heap.malloc(w, size(w.lane()));
-        assert!(!p.is_null());
-        // SAFETY: as above.
-        unsafe { p.write_bytes(call as u8 ^ (w.lane() as u8) << 3, size(w.lane()) as usize) };
-        p as u64
-    });
-    let idx: Vec<u64> = last[..12]
+    let idx: Vec<Vec<u64>> = last
         .iter()
-        .map(|&p| index_in(&heap, c, p) - base)
+        .map(|l| l[..16].iter().map(|&p| index_in(&heap, c, p)).collect())
         .collect();
-    let mut sorted = idx.clone();
-    sorted.sort_unstable();
-    assert_eq!(sorted, (132..144).collect::<Vec<u64>>(), "{idx:?}");
+    let mut want: Vec<Vec<u64>> = (0..4)
+        .map(|k| (per + 16 * k..per + 16 * (k + 1)).collect())
+        .collect();
+    want.push((80..88).chain(per + 64..per + 72).collect());
     assert_eq!(
-        &idx[8..],
-        [132, 133, 134, 135],
-        "ranks 8.. keep their run's blocks"
+        idx, want,
+        "the next shard's cursor, then word 1's clear bits"
     );
-    assert_eq!(heap.class_stats(c).0, 12 * 12 - 8);
-    assert_eq!(bitmap_ones(&heap, c), 12 * 12 - 8);
-    got[0][..8].fill(0);
-    got.push(last);
+    assert_eq!(heap.class_stats(c).0, per + 72);
+    assert_eq!(bitmap_ones(&heap, c), per + 72);
+    heap.check();
+    got[5][..8].fill(0);
+    let calls = got.len();
+    got.extend(last);
+
     let mut all: Vec<(u64, u64)> = Vec::new();
     for (call, ptrs) in got.iter().enumerate() {
+        let call = if call >= calls {
+            77 + call - calls
+        } else {
+            call
+        };
         for (l, &p) in ptrs.iter().enumerate().filter(|&(_, &p)| p != 0) {
-            let bytes = size(l as u32);
+            let bytes = if l < 16 { 48 } else { 64 };
             heap.assert_block_of(p as *mut u8, bytes);
             // SAFETY: written above by this lane; nobody else holds it.
             let s = unsafe { std::slice::from_raw_parts(p as *const u8, bytes as usize) };
@@ -321,14 +328,13 @@ fn a_group_whose_word_fills_goes_on_out_of_line() {
         }
     }
     assert!(disjoint(&mut all), "overlap");
-    for (call, ptrs) in got.iter().enumerate() {
-        lockstep::run(32, call as u32, |w| {
-            heap.free(w, ptrs[w.lane() as usize] as *mut u8)
-        });
+    for ptrs in &got {
+        lockstep::run(32, 0, |w| heap.free(w, ptrs[w.lane() as usize] as *mut u8));
     }
     assert_eq!(heap.total_in_use(), 0);
     assert_eq!(bitmap_ones(&heap, c), 0);
     assert_eq!(heap.total_double_frees(), 0);
+    heap.check();
 }
 
 /// Mixed warps with frees in random order between calls, so that runs are lost, retried,
@@ -402,4 +408,44 @@ fn mixed_warps_among_random_frees_keep_every_block() {
     }
     assert_eq!(heap.total_in_use(), 0);
     assert_eq!(heap.total_double_frees(), 0);
+}
+
+/// A group's run that reaches the end of its shard goes on at the shard's start, where its
+/// cursor goes next, in the same step: no lane of it goes out of line, and the run after it
+/// follows on.
+#[test]
+fn a_run_past_its_shards_end_goes_on_at_its_start() {
+    let heap = HostGeneral::new(1 << 18);
+    let c = class_of(48).unwrap() as usize;
+    let per = shard_blocks(&heap, c);
+    let call = |lanes: u32, seed: u32| {
+        lockstep::run(32, seed, |w| {
+            let bytes = if w.lane() < lanes { 48 } else { 64 };
+            heap.malloc(w, bytes) as u64
+        })
+    };
+    // The cursor of shard 0 to 8 blocks before its end, every block back.
+    let mut warm = vec![call(8, 0)];
+    warm.extend((1..per / 16).map(|k| call(16, k as u32)));
+    for ptrs in &warm {
+        lockstep::run(32, 0, |w| heap.free(w, ptrs[w.lane() as usize] as *mut u8));
+    }
+    assert_eq!(heap.total_in_use(), 0);
+    let runs = [call(16, 500), call(16, 501)];
+    let idx: Vec<Vec<u64>> = runs
+        .iter()
+        .map(|r| r[..16].iter().map(|&p| index_in(&heap, c, p)).collect())
+        .collect();
+    assert_eq!(idx[0], (per - 8..per).chain(0..8).collect::<Vec<u64>>());
+    assert_eq!(idx[1], (8..24).collect::<Vec<u64>>());
+    for (l, &p) in runs[0].iter().enumerate() {
+        heap.assert_block_of(p as *mut u8, if l < 16 { 48 } else { 64 });
+    }
+    heap.check();
+    for ptrs in &runs {
+        lockstep::run(32, 0, |w| heap.free(w, ptrs[w.lane() as usize] as *mut u8));
+    }
+    assert_eq!(heap.total_in_use(), 0);
+    assert_eq!(heap.total_double_frees(), 0);
+    heap.check();
 }

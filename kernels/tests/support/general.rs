@@ -87,12 +87,13 @@ impl HostGeneral {
         )
     }
 
-    /// Class `c`: (in use, peak sum, failed, foreign, double).
+    /// Class `c`: (in use, peak sum, failed, foreign, double). In use is the bits set in the
+    /// class's bitmap (its shard counts are cursors); the peaks stay 0.
     pub fn class_stats(&self, c: usize) -> (u64, u64, u64, u64, u64) {
         let h = self.class(c);
         let counter = |w: usize| Self::sum64(h.counters + (8 * w * COUNTER_SLOTS) as u64, 32);
         (
-            Self::sum32(h.shard_used, h.nshards as usize),
+            super::blocks_in_use(h),
             Self::sum32(h.shard_peak, h.nshards as usize),
             counter(COUNTER_FAILED_ALLOCS),
             counter(COUNTER_FOREIGN_FREES),

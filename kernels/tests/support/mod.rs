@@ -144,7 +144,8 @@ unsafe impl Sync for HostHeap {}
 
 /// A quiet slab's invariants (no call in flight): each shard's count equals the bits set in its
 /// words, no count passes its peak nor a peak its shard's blocks, and no bit past the capacity is
-/// set.
+/// set. With cursors ([`FLAG_CURSOR_SHARDS`]: a general heap's classes) the counts are where the
+/// next runs start, and no peak is kept: only the bitmap is checked.
 pub fn check_slab(h: &HeapHandle) {
     assert_eq!(h.kind, KIND_SLAB, "check is for slabs");
     // SAFETY: a formatted slab's arrays: `nwords` words, `nshards` counts and peaks.
@@ -156,7 +157,8 @@ pub fn check_slab(h: &HeapHandle) {
         )
     };
     let per = 1usize << h.shard_words_log2;
-    for s in 0..h.nshards as usize {
+    let cursor = h.flags & FLAG_CURSOR_SHARDS != 0;
+    for s in (0..h.nshards as usize).filter(|_| !cursor) {
         let bits: u64 = words[s * per..((s + 1) * per).min(words.len())]
             .iter()
             .map(|w| w.load(Ordering::Relaxed).count_ones() as u64)
@@ -174,6 +176,12 @@ pub fn check_slab(h: &HeapHandle) {
             "shard {s}: peak {peak} above its {blocks} blocks"
         );
     }
+    if cursor {
+        assert!(
+            peak.iter().all(|p| p.load(Ordering::Relaxed) == 0),
+            "a slab with cursors keeps no peak"
+        );
+    }
     for (i, w) in words.iter().enumerate() {
         let first = i as u64 * 64;
         let valid = match h.capacity.saturating_sub(first) {
@@ -183,6 +191,26 @@ pub fn check_slab(h: &HeapHandle) {
         };
         let v = w.load(Ordering::Relaxed);
         assert_eq!(v & !valid, 0, "word {i}: bits past the capacity: {v:#x}");
+    }
+}
+
+/// Blocks in use in the slab `h`: the bits set in its bitmap when its shard counts are cursors
+/// ([`FLAG_CURSOR_SHARDS`]), else the sum of its shard counts.
+pub fn blocks_in_use(h: &HeapHandle) -> u64 {
+    // SAFETY: a formatted slab's arrays: `nwords` words, `nshards` counts.
+    let (words, used) = unsafe {
+        (
+            std::slice::from_raw_parts(h.words as *const AtomicU64, h.nwords as usize),
+            std::slice::from_raw_parts(h.shard_used as *const AtomicU32, h.nshards as usize),
+        )
+    };
+    if h.flags & FLAG_CURSOR_SHARDS != 0 {
+        words
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed).count_ones() as u64)
+            .sum()
+    } else {
+        used.iter().map(|u| u.load(Ordering::Relaxed) as u64).sum()
     }
 }
 
