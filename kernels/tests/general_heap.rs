@@ -231,6 +231,9 @@ fn disjoint(blocks: &mut [(u64, u64)]) -> bool {
 // Warps whose lanes ask for several classes at once.
 #[path = "general_heap/mixed_warps.rs"]
 mod mixed_warps;
+// Class chains laid out as growth lays them, run out under mixed warps and random frees.
+#[path = "general_heap/chain_churn.rs"]
+mod chain_churn;
 // `carve_malloc`'s entry point for a whole warp: one class of one heap, or a fall back.
 #[path = "general_heap/one_class.rs"]
 mod one_class;

@@ -45,6 +45,98 @@ impl HostGeneral {
         HostGeneral { base, layout, plan }
     }
 
+    /// A general heap laid out as one that grew: every class a chain of two segments in its
+    /// stride, the first (at the stride's start) of at most `first` blocks, and after it the
+    /// head of the chain, of as many blocks as the rest of the stride holds (a class whose
+    /// stride has no room for two stays one segment).
+    pub fn grown(bytes_per_class: u64, first: u64) -> Self {
+        let heap = Self::new(bytes_per_class);
+        let stride = 1usize << heap.plan.stride_log2;
+        for c in 0..heap.plan.nclasses {
+            let k = &heap.plan.classes()[c];
+            let (bs, align) = (k.block_size, slab_block_align(k.block_size));
+            let seg = heap.plan.class_offset(c);
+            let cap_a = first.min(k.capacity);
+            let la = slab_layout(slab_geometry(cap_a).unwrap(), cap_a, bs, align).unwrap();
+            let off_b = seg + la.total.next_multiple_of(4096);
+            let fits = |n: u64| {
+                slab_geometry(n)
+                    .and_then(|g| slab_layout(g, n, bs, align))
+                    .is_some_and(|l| off_b + l.total <= seg + stride)
+            };
+            let mut cap_b = ((seg + stride - off_b) as u64) / bs;
+            while cap_b > 0 && !fits(cap_b) {
+                cap_b -= 1;
+            }
+            if cap_b == 0 {
+                // A large class whose stride holds one block or two: it stays one segment.
+                continue;
+            }
+            let a = heap.format_slab(seg, cap_a, bs, 0);
+            let b = heap.format_slab(off_b, cap_b, bs, a);
+            let slot = core::mem::offset_of!(GeneralHeader, classes) + 8 * c;
+            // SAFETY: the header's class pointer `c`, inside the region; nothing reads it now.
+            unsafe { (heap.base.add(slot) as *mut u64).write(b) };
+        }
+        heap
+    }
+
+    /// Formats a class slab segment of `capacity` blocks of `block_size` at byte `off` of the
+    /// zeroed region, linked to `next`; returns its address.
+    fn format_slab(&self, off: usize, capacity: u64, block_size: u64, next: u64) -> u64 {
+        let g = slab_geometry(capacity).unwrap();
+        let l = slab_layout(g, capacity, block_size, slab_block_align(block_size)).unwrap();
+        let seg = self.base as u64 + off as u64;
+        let h = HeapHandle {
+            data: seg + l.data as u64,
+            counters: seg + l.counters as u64,
+            shard_used: seg + l.shard_used as u64,
+            shard_peak: seg + l.shard_peak as u64,
+            words: seg + l.words as u64,
+            next,
+            ..HeapHandle::slab(
+                g,
+                capacity,
+                block_size,
+                FLAG_CHECKED_FREES | FLAG_CURSOR_SHARDS,
+            )
+        };
+        // SAFETY: `off` is inside the region, 4096-byte aligned; its metadata is still zero.
+        unsafe { (self.base.add(off) as *mut HeapHandle).write(h) };
+        seg
+    }
+
+    /// The segments of class `c`'s chain, head first.
+    pub fn chain(&self, c: usize) -> Vec<&HeapHandle> {
+        let mut v = vec![self.class(c)];
+        while v.last().unwrap().next != 0 {
+            // SAFETY: `next` is a formatted segment handle inside the region.
+            v.push(unsafe { &*(v.last().unwrap().next as *const HeapHandle) });
+        }
+        v
+    }
+
+    /// Blocks in use over every segment of every class.
+    pub fn chain_in_use(&self) -> u64 {
+        (0..self.plan.nclasses)
+            .flat_map(|c| self.chain(c))
+            .map(super::blocks_in_use)
+            .sum()
+    }
+
+    /// Double frees counted over every segment of every class.
+    pub fn chain_double_frees(&self) -> u64 {
+        (0..self.plan.nclasses)
+            .flat_map(|c| self.chain(c))
+            .map(|h| {
+                Self::sum64(
+                    h.counters + (8 * COUNTER_DOUBLE_FREES * COUNTER_SLOTS) as u64,
+                    32,
+                )
+            })
+            .sum()
+    }
+
     pub fn header(&self) -> &GeneralHeader {
         // SAFETY: formatted in `new`.
         unsafe { general::header(self.base as *const GeneralHeader) }.unwrap()
