@@ -446,9 +446,7 @@ fn four_warps_of_mixed_heaps_keep_every_block_and_count() {
                         (l + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (warp_index as u64) << 40;
                     let mut held: Vec<(usize, u64, u64)> = Vec::new();
                     for round in 0..rounds {
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
+                        support::xorshift(&mut rng);
                         let seed = warp_index * 1000 + round;
                         let tag = warp_index as u64 * 1_000_000 + round as u64 * 100 + l;
                         let alloc = held.len() < 8 && !rng.is_multiple_of(3);

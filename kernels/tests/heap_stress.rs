@@ -12,16 +12,9 @@ use carve_kernels::bump;
 use carve_kernels::heap_layout::*;
 use carve_kernels::slab::{self, Slab};
 use carve_kernels::warp::SoloLane;
-use support::HostHeap;
+use support::{xorshift, HostHeap};
 
 const THREADS: u32 = 16;
-
-fn xorshift(s: &mut u64) -> u64 {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    *s
-}
 
 fn fill(p: *mut u8, bytes: u64, tag: u32) {
     for k in 0..bytes / 4 {

@@ -11,12 +11,7 @@ fn mixed_warps_on_exhausted_chains_never_share_a_block() {
     const SIZES: [u64; 6] = [3100, 3500, 16, 48, 1000, 2000];
     let heap = HostGeneral::grown(1 << 16, 8);
     let mut rng = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut next = move || support::xorshift(&mut rng);
     let mut live: Vec<(u64, u64, u8)> = Vec::new();
     let (mut nulls, mut in_older) = (0, 0);
     let big = class_of(3100).unwrap() as usize;

@@ -345,12 +345,7 @@ fn mixed_warps_among_random_frees_keep_every_block() {
     const SIZES: [u64; 5] = [16, 48, 80, 256, 1024];
     let heap = HostGeneral::new(1 << 18);
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut next = move || support::xorshift(&mut rng);
     // (pointer, size, tag) of each live block.
     let mut live: Vec<(u64, u64, u8)> = Vec::new();
     for call in 0..48u32 {

@@ -5,6 +5,14 @@
 use carve_kernels::heap_layout::*;
 use carve_kernels::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+/// The next value of a xorshift64 generator with state `s` (not 0): the tests' random choices.
+pub fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
 /// A formatted heap segment whose arrays live in this struct.
 pub struct HostHeap {
     pub handle: Box<HeapHandle>,
