@@ -90,6 +90,14 @@ fn one_heap<F: Warp>(full: &F, heap: u64) -> bool {
     full.match_any(u32::MAX, heap) == u32::MAX
 }
 
+/// [`one_heap`] without a match: lane 0's heap, shuffled, against every lane's, in a ballot.
+/// `free` spends its one match on the class instead.
+#[inline(always)]
+fn same_heap<F: Warp>(full: &F, heap: u64) -> bool {
+    let first = full.shfl64(u32::MAX, heap, 0);
+    full.ballot(u32::MAX, heap == first) == u32::MAX
+}
+
 /// [`slab_alloc`] for all 32 lanes of a warp on one `heap`, whose handle `h` is as
 /// `load_handle` read it (so the same in every lane); `cursor`: a general heap's class, whose
 /// shard counts are cursors ([`Slab::cursors`]).
@@ -399,13 +407,22 @@ pub unsafe fn free<F: Warp, G: Warp>(heap: *const GeneralHeader, ptr: *mut u8, f
     if any.active() == u32::MAX {
         // SAFETY: forwarded contract.
         let loaded = unsafe { load_general(heap, 0) };
-        if one_heap(full, heap as u64) {
+        if same_heap(full, heap as u64) {
             let Some((front, _)) = loaded else {
                 return;
             };
             let key = front.free_key(ptr);
-            // As in `malloc`: the match first, over the whole warp.
-            if full.match_all(u32::MAX, key as u64) && key < front.nclasses {
+            // One match over the whole warp, which a warp of mixed classes needs for its groups
+            // and a warp of one class answers as well as `match_all`. The mixed groups go on
+            // here, with the literal full mask, not through the generic path, which would match
+            // heap and key again under the active mask.
+            let group = full.match_any(u32::MAX, key as u64);
+            if group != u32::MAX {
+                // SAFETY: a general header (its tag was read), the same in every lane; `group`
+                // is this lane's key among all 32 lanes, which make this call together.
+                return unsafe { general::free_mixed(&*heap, any, u32::MAX, (key, group), ptr) };
+            }
+            if key < front.nclasses {
                 // SAFETY: a general header, and `key < nclasses <= GENERAL_CLASS_SLOTS`.
                 let head = unsafe { load_class_pointer(heap, key) } as *const HeapHandle;
                 // SAFETY: the address of class `key`'s formatted slab segment, the head of the
