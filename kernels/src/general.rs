@@ -384,24 +384,13 @@ pub(crate) unsafe fn free_mixed<W: Warp>(
             }
         }
     } else {
+        // In place: called out of line (one call per group, from the lanes of that group only),
+        // this path double-freed blocks in the GPU stress test, which passes with it inline.
+        // Lanes freeing one by one instead (a `fetch_and` and a count each) measured slower
+        // than the group's collectives, though ptxas runs those one group at a time.
         // SAFETY: forwarded contract; exactly the lanes of `group` make this call.
-        unsafe { free_group(g, warp, group, key, ptr) };
+        unsafe { free_class(g, &Among { warp, mask: group }, key, ptr) };
     }
-}
-
-/// [`free_class`] for the lanes of `group`, a group of [`free_mixed`] that is no run of its
-/// class's first segment: out of line, so that the runs' path carries neither its code nor its
-/// registers.
-///
-/// Lanes freeing one by one instead (a `fetch_and` and a count each) measured slower than the
-/// group's collectives, though ptxas runs those one group at a time.
-///
-/// # Safety
-/// As for [`free`]; exactly the lanes of `group` make this call, all of key `key`.
-#[inline(never)]
-unsafe fn free_group<W: Warp>(g: &GeneralHeader, warp: &W, group: u32, key: u32, ptr: *mut u8) {
-    // SAFETY: forwarded contract.
-    unsafe { free_class(g, &Among { warp, mask: group }, key, ptr) }
 }
 
 /// The index of the block at byte `off` of a segment of `size`-byte blocks (a class's size), if
