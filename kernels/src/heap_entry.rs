@@ -83,9 +83,6 @@ pub unsafe extern "C" fn carve_malloc(heap: *const GeneralHeader, bytes: u64) ->
 /// # Safety
 /// As for [`carve_malloc`]; the block must not be used after this call.
 #[no_mangle]
-// A hint, as `carve_malloc` needs none: LLVM's size estimate alone keeps this one out of line
-// in Rust kernels, with the call's parameter passing on every free.
-#[inline]
 pub unsafe extern "C" fn carve_free(heap: *const GeneralHeader, ptr: *mut u8) {
     // SAFETY: forwarded contract.
     unsafe { entry::free(heap, ptr, &FullWarp, &NvptxWarp) }

@@ -13,10 +13,7 @@
 //! Layouts shared with the host are `#[repr(C)]`, derive `bytemuck::Pod`, and are pinned with
 //! `static_assertions`.
 #![no_std]
-#![cfg_attr(
-    target_arch = "nvptx64",
-    feature(stdarch_nvptx, asm_experimental_arch, link_llvm_intrinsics)
-)]
+#![cfg_attr(target_arch = "nvptx64", feature(stdarch_nvptx, asm_experimental_arch))]
 // Only the test module defines kernels (`extern "ptx-kernel"`).
 #![cfg_attr(
     all(target_arch = "nvptx64", feature = "test-kernels"),

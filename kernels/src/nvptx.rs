@@ -51,30 +51,14 @@ pub fn block_thread_dim() -> (u32, u32, u32) {
 #[derive(Clone, Copy, Debug)]
 pub struct NvptxWarp;
 
-// The warp collectives are LLVM's NVVM intrinsics, not inline asm: LLVM marks them
-// `convergent`, so no pass moves one across a branch, duplicates it into paths that only some
-// lanes take, or merges two of them from different branches. Inline asm carries no such mark,
-// and with `carve_free` inlined into a kernel whose lanes diverge around it, the GPU stress test
-// counted a double free (one block's bit already clear), deterministically, with asm
-// collectives; it passes with these.
-#[allow(improper_ctypes)]
-extern "C" {
-    #[link_name = "llvm.nvvm.activemask"]
-    fn nvvm_activemask() -> i32;
-    #[link_name = "llvm.nvvm.shfl.sync.idx.i32"]
-    fn nvvm_shfl_idx(mask: i32, v: i32, src: i32, clamp: i32) -> i32;
-    #[link_name = "llvm.nvvm.match.any.sync.i64"]
-    fn nvvm_match_any(mask: i32, v: i64) -> i32;
-    #[link_name = "llvm.nvvm.vote.ballot.sync"]
-    fn nvvm_ballot(mask: i32, pred: bool) -> i32;
-}
-
 impl Warp for NvptxWarp {
     const TRACKS_ACTIVE: bool = true;
     #[inline(always)]
     fn active(&self) -> u32 {
+        let m: u32;
         // SAFETY: reads which lanes execute this instruction; no memory effects.
-        unsafe { nvvm_activemask() as u32 }
+        unsafe { core::arch::asm!("activemask.b32 {m};", m = out(reg32) m) };
+        m
     }
 
     #[inline(always)]
@@ -87,48 +71,84 @@ impl Warp for NvptxWarp {
 
     #[inline(always)]
     fn shfl(&self, mask: u32, v: u32, src: u32) -> u32 {
+        let r: u32;
         // SAFETY: every lane of `mask` executes this call (the trait's contract); 31 clamps the
-        // source to the warp. A full mask, known at compile time or tested here at run time,
-        // goes out as a literal, which spares ptxas's run-time convergence check (match + redux
-        // + vote before every shuffle with a register mask).
+        // source to the warp. A literal full mask spares ptxas's run-time convergence check
+        // (match + redux + vote before every shuffle with a register mask).
         unsafe {
             if mask == u32::MAX {
-                nvvm_shfl_idx(-1, v as i32, src as i32, 31) as u32
+                core::arch::asm!(
+                    "shfl.sync.idx.b32 {r}, {v}, {src}, 31, -1;",
+                    r = out(reg32) r, v = in(reg32) v, src = in(reg32) src,
+                )
             } else {
-                nvvm_shfl_idx(mask as i32, v as i32, src as i32, 31) as u32
+                core::arch::asm!(
+                    "shfl.sync.idx.b32 {r}, {v}, {src}, 31, {mask};",
+                    r = out(reg32) r, v = in(reg32) v, src = in(reg32) src, mask = in(reg32) mask,
+                )
             }
-        }
+        };
+        r
     }
 
     #[inline(always)]
     fn match_any(&self, mask: u32, v: u64) -> u32 {
+        let r: u32;
         // SAFETY: as for `shfl` (sm_70+).
         unsafe {
             if mask == u32::MAX {
-                nvvm_match_any(-1, v as i64) as u32
+                core::arch::asm!(
+                    "match.any.sync.b64 {r}, {v}, -1;",
+                    r = out(reg32) r, v = in(reg64) v,
+                )
             } else {
-                nvvm_match_any(mask as i32, v as i64) as u32
+                core::arch::asm!(
+                    "match.any.sync.b64 {r}, {v}, {mask};",
+                    r = out(reg32) r, v = in(reg64) v, mask = in(reg32) mask,
+                )
             }
-        }
+        };
+        r
     }
 
     #[inline(always)]
     fn match_all(&self, mask: u32, v: u64) -> bool {
-        // All of `mask` holds this lane's value exactly when its match over `mask` is `mask`
-        // (`match.all`'s intrinsic returns a pair, which Rust cannot declare).
-        self.match_any(mask, v) == mask
+        let r: u32;
+        // SAFETY: as for `shfl` (sm_70+); the predicate stays inside the asm block.
+        unsafe {
+            if mask == u32::MAX {
+                core::arch::asm!(
+                    "{{ .reg .pred p; match.all.sync.b64 {r}|p, {v}, -1; selp.u32 {r}, 1, 0, p; }}",
+                    r = out(reg32) r, v = in(reg64) v,
+                )
+            } else {
+                core::arch::asm!(
+                    "{{ .reg .pred p; match.all.sync.b64 {r}|p, {v}, {mask}; selp.u32 {r}, 1, 0, p; }}",
+                    r = out(reg32) r, v = in(reg64) v, mask = in(reg32) mask,
+                )
+            }
+        };
+        r != 0
     }
 
     #[inline(always)]
     fn ballot(&self, mask: u32, pred: bool) -> u32 {
+        let r: u32;
         // SAFETY: as for `shfl`.
         unsafe {
             if mask == u32::MAX {
-                nvvm_ballot(-1, pred) as u32
+                core::arch::asm!(
+                    "{{ .reg .pred p; setp.ne.u32 p, {x}, 0; vote.sync.ballot.b32 {r}, p, -1; }}",
+                    r = out(reg32) r, x = in(reg32) pred as u32,
+                )
             } else {
-                nvvm_ballot(mask as i32, pred) as u32
+                core::arch::asm!(
+                    "{{ .reg .pred p; setp.ne.u32 p, {x}, 0; vote.sync.ballot.b32 {r}, p, {mask}; }}",
+                    r = out(reg32) r, x = in(reg32) pred as u32, mask = in(reg32) mask,
+                )
             }
-        }
+        };
+        r
     }
 
     #[inline(always)]
