@@ -11,10 +11,10 @@
 //! checked for one heap with one `match.any.sync` over the full warp before any straight-line
 //! path (`malloc`: one `match.all.sync` on heap and class together, [`heap_class_key`]); any
 //! other warp goes to the generic path, which first groups the calling lanes by heap
-//! (one `match_any`, [`Within::grouped`]) and then runs each group's collectives over that
-//! group's lanes only. A lane whose heap is null or of another kind takes part in the grouping,
-//! then returns null (or frees nothing) with the rest of its group, so no collective ever names
-//! a lane that has left.
+//! (one `match_any`, [`Among::grouped`]) and then runs each group's collectives over that
+//! group's lanes only, a set fixed from then on. A lane whose heap is null or of another kind
+//! takes part in the grouping, then returns null (or frees nothing) with the rest of its group,
+//! so no collective ever names a lane that has left.
 
 use crate::bump::{self, Bump};
 use crate::general;
@@ -22,7 +22,7 @@ use crate::heap_layout::{
     GeneralHeader, HeapHandle, GENERAL_CLASS_SLOTS, HEAP_MAGIC, KIND_BUMP, KIND_SLAB,
 };
 use crate::slab::{self, Slab};
-use crate::warp::{Warp, Within};
+use crate::warp::{Among, Warp};
 use static_assertions::const_assert;
 
 #[cfg(target_arch = "nvptx64")]
@@ -144,7 +144,7 @@ unsafe fn slab_alloc_generic<W: Warp, S: Fn() -> u32, const CURSOR: bool>(
     warp: &W,
     seed: S,
 ) -> *mut u8 {
-    let group = Within::grouped(warp, heap as u64);
+    let group = Among::grouped(warp, heap as u64);
     // SAFETY: forwarded contract.
     match unsafe { handle(heap, KIND_SLAB) } {
         // SAFETY: a formatted slab chain; the lanes of `group` pass the same one.
@@ -228,7 +228,7 @@ unsafe fn slab_free_generic<W: Warp, const CURSOR: bool>(
     ptr: *mut u8,
     warp: &W,
 ) {
-    let group = Within::grouped(warp, heap as u64);
+    let group = Among::grouped(warp, heap as u64);
     // SAFETY: forwarded contract.
     if let Some(h) = unsafe { handle(heap, KIND_SLAB) } {
         // SAFETY: a formatted slab chain; the lanes of `group` pass the same one.
@@ -288,7 +288,7 @@ unsafe fn bump_alloc_generic<W: Warp>(
     align: u64,
     warp: &W,
 ) -> *mut u8 {
-    let group = Within::grouped(warp, heap as u64);
+    let group = Among::grouped(warp, heap as u64);
     // SAFETY: forwarded contract.
     match unsafe { handle(heap, KIND_BUMP) } {
         // SAFETY: a formatted bump chain; the lanes of `group` pass the same one.
@@ -378,7 +378,7 @@ unsafe fn malloc_generic<W: Warp, S: Fn() -> u32>(
     warp: &W,
     seed: S,
 ) -> *mut u8 {
-    let group = Within::grouped(warp, heap as u64);
+    let group = Among::grouped(warp, heap as u64);
     // SAFETY: forwarded contract.
     match unsafe { general::header(heap) } {
         // SAFETY: a formatted general heap; the lanes of `group` pass the same one.
@@ -442,7 +442,7 @@ pub unsafe fn free<F: Warp, G: Warp>(heap: *const GeneralHeader, ptr: *mut u8, f
 #[cold]
 #[inline(never)]
 unsafe fn free_generic<W: Warp>(heap: *const GeneralHeader, ptr: *mut u8, warp: &W) {
-    let group = Within::grouped(warp, heap as u64);
+    let group = Among::grouped(warp, heap as u64);
     // SAFETY: forwarded contract.
     if let Some(g) = unsafe { general::header(heap) } {
         // SAFETY: a formatted general heap; the lanes of `group` pass the same one.

@@ -29,7 +29,7 @@ use crate::heap_layout::*;
 use crate::size_class::{class_of, class_size, NUM_CLASSES};
 use crate::slab::{self, Lead, Slab};
 use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::warp::{rank_in, Among, Warp, Within};
+use crate::warp::{rank_in, Among, Warp};
 use bytemuck::Zeroable;
 
 /// The first 8 bytes of a formatted general header (`magic`, then `kind`).
@@ -148,11 +148,12 @@ pub unsafe fn malloc<W: Warp>(g: &GeneralHeader, warp: &W, bytes: u64, seed: u32
     let class = request_class(bytes);
     let active = warp.active();
     if warp.match_all(active, class as u64) {
-        // The class's paths read `active()` again, and on the GPU lanes of this warp that entered
-        // apart, asking other classes, may have reconverged there: `activemask` would name them
-        // too, and one claim would serve lanes of two classes. `Within` keeps to these lanes.
-        // SAFETY: forwarded contract; the lanes of `active` ask `class`.
-        return unsafe { alloc_class(g, &Within { warp, mask: active }, class, seed) };
+        // These lanes as a fixed set: the class's paths read `active()` again, and on the GPU
+        // `activemask` there may name lanes that entered apart, asking other classes, and
+        // reconverged (one claim would then serve lanes of two classes), or leave out lanes of
+        // this set that fell behind.
+        // SAFETY: forwarded contract; exactly the lanes of `active` ask `class`.
+        return unsafe { alloc_class(g, &Among { warp, mask: active }, class, seed) };
     }
     let group = warp.match_any(active, class as u64);
     // SAFETY: forwarded contract.
@@ -316,10 +317,10 @@ pub unsafe fn free<W: Warp>(g: &GeneralHeader, warp: &W, ptr: *mut u8) {
     let key = free_key(g, ptr);
     let active = warp.active();
     if warp.match_all(active, key as u64) {
-        // These lanes only, as in `malloc`: a free's run over lanes of two classes would clear
-        // blocks of one class that the other's lanes stand for.
-        // SAFETY: forwarded contract; the lanes of `active` pass pointers of `key`.
-        return unsafe { free_class(g, &Within { warp, mask: active }, key, ptr) };
+        // A fixed set, as in `malloc`: a free's run over lanes of two classes would clear blocks
+        // of one class that the other's lanes stand for.
+        // SAFETY: forwarded contract; exactly the lanes of `active` pass pointers of `key`.
+        return unsafe { free_class(g, &Among { warp, mask: active }, key, ptr) };
     }
     let group = warp.match_any(active, key as u64);
     // SAFETY: forwarded contract.
