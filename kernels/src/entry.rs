@@ -90,6 +90,14 @@ fn one_heap<F: Warp>(full: &F, heap: u64) -> bool {
     full.match_any(u32::MAX, heap) == u32::MAX
 }
 
+/// [`one_heap`] without a match: lane 0's heap, shuffled, against every lane's, in a ballot.
+/// `free` spends its one match on the class instead.
+#[inline(always)]
+fn same_heap<F: Warp>(full: &F, heap: u64) -> bool {
+    let first = full.shfl64(u32::MAX, heap, 0);
+    full.ballot(u32::MAX, heap == first) == u32::MAX
+}
+
 /// [`slab_alloc`] for all 32 lanes of a warp on one `heap`, whose handle `h` is as
 /// `load_handle` read it (so the same in every lane); `cursor`: a general heap's class, whose
 /// shard counts are cursors ([`Slab::cursors`]).
@@ -399,7 +407,7 @@ pub unsafe fn free<F: Warp, G: Warp>(heap: *const GeneralHeader, ptr: *mut u8, f
     if any.active() == u32::MAX {
         // SAFETY: forwarded contract.
         let loaded = unsafe { load_general(heap, 0) };
-        if full.match_all(u32::MAX, heap as u64) {
+        if same_heap(full, heap as u64) {
             let Some((front, _)) = loaded else {
                 return;
             };
