@@ -11,10 +11,10 @@
 //! checked for one heap with one `match.any.sync` over the full warp before any straight-line
 //! path (`malloc`: one `match.all.sync` on heap and class together, [`heap_class_key`]); any
 //! other warp goes to the generic path, which first groups the calling lanes by heap
-//! (one `match_any`, [`Within::grouped`]) and then runs each group's collectives over that
-//! group's lanes only. A lane whose heap is null or of another kind takes part in the grouping,
-//! then returns null (or frees nothing) with the rest of its group, so no collective ever names
-//! a lane that has left.
+//! (one `match_any`, [`Among::grouped`]) and then runs each group's collectives over that
+//! group's lanes only, a set fixed from then on. A lane whose heap is null or of another kind
+//! takes part in the grouping, then returns null (or frees nothing) with the rest of its group,
+//! so no collective ever names a lane that has left.
 
 use crate::bump::{self, Bump};
 use crate::general;
@@ -22,7 +22,7 @@ use crate::heap_layout::{
     GeneralHeader, HeapHandle, GENERAL_CLASS_SLOTS, HEAP_MAGIC, KIND_BUMP, KIND_SLAB,
 };
 use crate::slab::{self, Slab};
-use crate::warp::{Warp, Within};
+use crate::warp::{Among, Warp};
 use static_assertions::const_assert;
 
 #[cfg(target_arch = "nvptx64")]
@@ -90,6 +90,14 @@ fn one_heap<F: Warp>(full: &F, heap: u64) -> bool {
     full.match_any(u32::MAX, heap) == u32::MAX
 }
 
+/// [`one_heap`] without a match: lane 0's heap, shuffled, against every lane's, in a ballot.
+/// `free` spends its one match on the class instead.
+#[inline(always)]
+fn same_heap<F: Warp>(full: &F, heap: u64) -> bool {
+    let first = full.shfl64(u32::MAX, heap, 0);
+    full.ballot(u32::MAX, heap == first) == u32::MAX
+}
+
 /// [`slab_alloc`] for all 32 lanes of a warp on one `heap`, whose handle `h` is as
 /// `load_handle` read it (so the same in every lane); `cursor`: a general heap's class, whose
 /// shard counts are cursors ([`Slab::cursors`]).
@@ -144,7 +152,7 @@ unsafe fn slab_alloc_generic<W: Warp, S: Fn() -> u32, const CURSOR: bool>(
     warp: &W,
     seed: S,
 ) -> *mut u8 {
-    let group = Within::grouped(warp, heap as u64);
+    let group = Among::grouped(warp, heap as u64);
     // SAFETY: forwarded contract.
     match unsafe { handle(heap, KIND_SLAB) } {
         // SAFETY: a formatted slab chain; the lanes of `group` pass the same one.
@@ -228,7 +236,7 @@ unsafe fn slab_free_generic<W: Warp, const CURSOR: bool>(
     ptr: *mut u8,
     warp: &W,
 ) {
-    let group = Within::grouped(warp, heap as u64);
+    let group = Among::grouped(warp, heap as u64);
     // SAFETY: forwarded contract.
     if let Some(h) = unsafe { handle(heap, KIND_SLAB) } {
         // SAFETY: a formatted slab chain; the lanes of `group` pass the same one.
@@ -288,7 +296,7 @@ unsafe fn bump_alloc_generic<W: Warp>(
     align: u64,
     warp: &W,
 ) -> *mut u8 {
-    let group = Within::grouped(warp, heap as u64);
+    let group = Among::grouped(warp, heap as u64);
     // SAFETY: forwarded contract.
     match unsafe { handle(heap, KIND_BUMP) } {
         // SAFETY: a formatted bump chain; the lanes of `group` pass the same one.
@@ -378,7 +386,7 @@ unsafe fn malloc_generic<W: Warp, S: Fn() -> u32>(
     warp: &W,
     seed: S,
 ) -> *mut u8 {
-    let group = Within::grouped(warp, heap as u64);
+    let group = Among::grouped(warp, heap as u64);
     // SAFETY: forwarded contract.
     match unsafe { general::header(heap) } {
         // SAFETY: a formatted general heap; the lanes of `group` pass the same one.
@@ -399,13 +407,22 @@ pub unsafe fn free<F: Warp, G: Warp>(heap: *const GeneralHeader, ptr: *mut u8, f
     if any.active() == u32::MAX {
         // SAFETY: forwarded contract.
         let loaded = unsafe { load_general(heap, 0) };
-        if one_heap(full, heap as u64) {
+        if same_heap(full, heap as u64) {
             let Some((front, _)) = loaded else {
                 return;
             };
             let key = front.free_key(ptr);
-            // As in `malloc`: the match first, over the whole warp.
-            if full.match_all(u32::MAX, key as u64) && key < front.nclasses {
+            // One match over the whole warp, which a warp of mixed classes needs for its groups
+            // and a warp of one class answers as well as `match_all`. The mixed groups go on
+            // here, with the literal full mask, not through the generic path, which would match
+            // heap and key again under the active mask.
+            let group = full.match_any(u32::MAX, key as u64);
+            if group != u32::MAX {
+                // SAFETY: a general header (its tag was read), the same in every lane; `group`
+                // is this lane's key among all 32 lanes, which make this call together.
+                return unsafe { general::free_mixed(&*heap, any, u32::MAX, (key, group), ptr) };
+            }
+            if key < front.nclasses {
                 // SAFETY: a general header, and `key < nclasses <= GENERAL_CLASS_SLOTS`.
                 let head = unsafe { load_class_pointer(heap, key) } as *const HeapHandle;
                 // SAFETY: the address of class `key`'s formatted slab segment, the head of the
@@ -433,7 +450,7 @@ pub unsafe fn free<F: Warp, G: Warp>(heap: *const GeneralHeader, ptr: *mut u8, f
 #[cold]
 #[inline(never)]
 unsafe fn free_generic<W: Warp>(heap: *const GeneralHeader, ptr: *mut u8, warp: &W) {
-    let group = Within::grouped(warp, heap as u64);
+    let group = Among::grouped(warp, heap as u64);
     // SAFETY: forwarded contract.
     if let Some(g) = unsafe { general::header(heap) } {
         // SAFETY: a formatted general heap; the lanes of `group` pass the same one.

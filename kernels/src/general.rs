@@ -148,8 +148,12 @@ pub unsafe fn malloc<W: Warp>(g: &GeneralHeader, warp: &W, bytes: u64, seed: u32
     let class = request_class(bytes);
     let active = warp.active();
     if warp.match_all(active, class as u64) {
-        // SAFETY: forwarded contract.
-        return unsafe { alloc_class(g, warp, class, seed) };
+        // These lanes as a fixed set: the class's paths read `active()` again, and on the GPU
+        // `activemask` there may name lanes that entered apart, asking other classes, and
+        // reconverged (one claim would then serve lanes of two classes), or leave out lanes of
+        // this set that fell behind.
+        // SAFETY: forwarded contract; exactly the lanes of `active` ask `class`.
+        return unsafe { alloc_class(g, &Among { warp, mask: active }, class, seed) };
     }
     let group = warp.match_any(active, class as u64);
     // SAFETY: forwarded contract.
@@ -313,8 +317,10 @@ pub unsafe fn free<W: Warp>(g: &GeneralHeader, warp: &W, ptr: *mut u8) {
     let key = free_key(g, ptr);
     let active = warp.active();
     if warp.match_all(active, key as u64) {
-        // SAFETY: forwarded contract.
-        return unsafe { free_class(g, warp, key, ptr) };
+        // A fixed set, as in `malloc`: a free's run over lanes of two classes would clear blocks
+        // of one class that the other's lanes stand for.
+        // SAFETY: forwarded contract; exactly the lanes of `active` pass pointers of `key`.
+        return unsafe { free_class(g, &Among { warp, mask: active }, key, ptr) };
     }
     let group = warp.match_any(active, key as u64);
     // SAFETY: forwarded contract.
@@ -336,7 +342,7 @@ pub unsafe fn free<W: Warp>(g: &GeneralHeader, warp: &W, ptr: *mut u8) {
 /// # Safety
 /// As for [`free`]; exactly the lanes of `active` make this call.
 #[inline(always)]
-unsafe fn free_mixed<W: Warp>(
+pub(crate) unsafe fn free_mixed<W: Warp>(
     g: &GeneralHeader,
     warp: &W,
     active: u32,
@@ -350,28 +356,32 @@ unsafe fn free_mixed<W: Warp>(
     let size = if class { class_size(key) as u64 } else { 0 };
     let first = warp.shfl64(active, ptr as u64, leader);
     let in_run = !class || ptr as u64 == first.wrapping_add(rank_in(group, lane) as u64 * size);
-    // The leader's block index in the class's first segment, when the run lies there.
-    let mut base = None;
+    // The leader's run in the class's first segment, when it lies there: the segment, its
+    // bitmap's address and the run's first block, all read before the ballot, so that the
+    // `fetch_and` after it waits on no load.
+    let mut run = None;
     if lane == leader && class {
         // SAFETY: forwarded contract; `key < nclasses`.
-        let h = unsafe { g.class_handle(key) };
+        let h = unsafe { class_head(g, key) };
         // SAFETY: a formatted slab handle in the region.
-        let (capacity, data) = unsafe { capacity_and_data(h) };
+        let (capacity, data, words) = unsafe { run_fields(h) };
         let off = (ptr as u64).wrapping_sub(data);
-        base = block_index(off, size).filter(|&i| i + lanes as u64 <= capacity);
+        run = block_index(off, size)
+            .filter(|&i| i + lanes as u64 <= capacity)
+            .map(|i| (h, words, i));
     }
     // Also waits for every lane's accesses to its block before the leaders' Release.
     let not_run = warp.ballot(
         active,
-        !in_run || (lane == leader && class && base.is_none()),
+        !in_run || (lane == leader && class && run.is_none()),
     );
     if not_run & group == 0 {
         if lane == leader {
-            match base {
-                // SAFETY: forwarded contract; `key < nclasses`.
-                Some(i) => unsafe { Slab::new(g.class_handle(key)) }
+            match run {
+                // SAFETY: `h` is class `key`'s formatted first segment, `words` its bitmap.
+                Some((h, words, i)) => unsafe { Slab::new(h) }
                     .cursors(true)
-                    .free_run_at(warp, i, lanes),
+                    .free_run_at(warp, words, i, lanes),
                 // SAFETY: forwarded contract.
                 None if key == NO_CLASS => unsafe {
                     g.count(COUNTER_FOREIGN_FREES, warp.slot_hint(), lanes)
@@ -398,18 +408,36 @@ fn block_index(off: u64, size: u64) -> Option<u64> {
     }
 }
 
-/// The `capacity` and `data` fields of the slab handle at `h`: on the GPU one read-only 16-byte
-/// load (the handle is read-only while kernels run).
+/// The `capacity`, `data` and `words` fields of the slab handle at `h`, for a leader's free of a
+/// run: on the GPU two read-only 16-byte loads issued together (the handle is read-only while
+/// kernels run).
 ///
 /// # Safety
 /// `h` is a formatted slab handle in a heap region carve keeps alive.
 #[inline(always)]
-unsafe fn capacity_and_data(h: &HeapHandle) -> (u64, u64) {
+unsafe fn run_fields(h: &HeapHandle) -> (u64, u64, u64) {
     #[cfg(target_arch = "nvptx64")]
-    // SAFETY: the caller's contract; the fields sit together at a 16-byte aligned offset.
-    return unsafe { crate::global_mem::read_capacity_and_data(h) };
+    // SAFETY: the caller's contract.
+    return unsafe { crate::global_mem::read_run_fields(h) };
     #[cfg(not(target_arch = "nvptx64"))]
-    (h.capacity, h.data)
+    (h.capacity, h.data, h.words)
+}
+
+/// Class `c`'s head segment (`c < nclasses`), as [`GeneralHeader::class_handle`] gives it: on
+/// the GPU one read-only load, which a later collective's memory clobber does not undo.
+///
+/// # Safety
+/// As for [`GeneralHeader::class_handle`].
+#[inline(always)]
+unsafe fn class_head<'a>(g: &GeneralHeader, c: u32) -> &'a HeapHandle {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller's contract; a general header in global memory, `c < nclasses`.
+    return unsafe { &*(crate::global_mem::load_class_pointer(g, c) as *const HeapHandle) };
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the caller's contract.
+    unsafe {
+        g.class_handle(c)
+    }
 }
 
 /// Frees `ptr` for each lane of `warp` (all of key `key`).

@@ -143,25 +143,32 @@ pub unsafe fn load_class_pointer(heap: *const GeneralHeader, c: u32) -> u64 {
     v
 }
 
-/// The `capacity` and `data` fields of the slab handle at `h`, in one read-only 16-byte load.
+/// The `capacity`, `data` and `words` fields of the slab handle at `h`: what a free of a run
+/// needs, in two read-only 16-byte loads issued together.
 ///
 /// # Safety
 /// `h` is a formatted slab handle in global memory (16-byte aligned, as every handle is) that
 /// the host writes only between launches.
 #[inline(always)]
-pub(crate) unsafe fn read_capacity_and_data(h: &HeapHandle) -> (u64, u64) {
-    const_assert_eq!(core::mem::offset_of!(HeapHandle, data), CAPACITY + 8);
+pub(crate) unsafe fn read_run_fields(h: &HeapHandle) -> (u64, u64, u64) {
     const CAPACITY: usize = core::mem::offset_of!(HeapHandle, capacity);
+    const WORDS: usize = core::mem::offset_of!(HeapHandle, words);
+    const_assert_eq!(core::mem::offset_of!(HeapHandle, data), CAPACITY + 8);
     const_assert_eq!(CAPACITY % 16, 0);
-    let p = global_address(h as *const HeapHandle as u64 + CAPACITY as u64);
-    let (capacity, data): (u64, u64);
-    // SAFETY: the caller's contract: two fields of a handle in global memory, 16-byte aligned.
+    // `words` is the second half of its 16-byte pair.
+    const_assert_eq!(WORDS % 16, 8);
+    let p = global_address(h as *const HeapHandle as u64);
+    let (capacity, data, words, _before): (u64, u64, u64, u64);
+    // SAFETY: the caller's contract: fields of a handle in global memory, 16-byte aligned.
     unsafe {
         core::arch::asm!(
-            "ld.global.nc.v2.u64 {{{c}, {d}}}, [{p}];",
-            c = out(reg64) capacity, d = out(reg64) data, p = in(reg64) p,
+            "ld.global.nc.v2.u64 {{{c}, {d}}}, [{p}+{co}];",
+            "ld.global.nc.v2.u64 {{{b}, {w}}}, [{p}+{wo}];",
+            c = out(reg64) capacity, d = out(reg64) data, b = out(reg64) _before,
+            w = out(reg64) words, p = in(reg64) p,
+            co = const CAPACITY, wo = const WORDS - 8,
             options(readonly, nostack),
         )
     };
-    (capacity, data)
+    (capacity, data, words)
 }

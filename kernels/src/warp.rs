@@ -90,76 +90,29 @@ pub struct Among<'w, W> {
     pub mask: u32,
 }
 
-impl<W: Warp> Warp for Among<'_, W> {
-    #[inline(always)]
-    fn active(&self) -> u32 {
-        self.mask
-    }
-    #[inline(always)]
-    fn lane(&self) -> u32 {
-        self.warp.lane()
-    }
-    #[inline(always)]
-    fn shfl(&self, mask: u32, v: u32, src: u32) -> u32 {
-        self.warp.shfl(mask, v, src)
-    }
-    #[inline(always)]
-    fn match_any(&self, mask: u32, v: u64) -> u32 {
-        self.warp.match_any(mask, v)
-    }
-    #[inline(always)]
-    fn match_all(&self, mask: u32, v: u64) -> bool {
-        self.warp.match_all(mask, v)
-    }
-    #[inline(always)]
-    fn ballot(&self, mask: u32, pred: bool) -> u32 {
-        self.warp.ballot(mask, pred)
-    }
-    #[inline(always)]
-    fn slot_hint(&self) -> u32 {
-        self.warp.slot_hint()
-    }
-    #[inline(always)]
-    fn fetch_or_acquire(&self, a: &AtomicU64, v: u64) -> u64 {
-        self.warp.fetch_or_acquire(a, v)
-    }
-    #[inline(always)]
-    fn fetch_and_release(&self, a: &AtomicU64, v: u64) -> u64 {
-        self.warp.fetch_and_release(a, v)
-    }
-}
-
-/// The lanes of `mask` of `warp`, for lanes that run on in the same code as others of the warp
-/// but must not share collectives with them (the device heap's entry points group lanes by the
-/// heap they pass): `active()` is `warp.active() & mask`, so on a warp that tracks the lanes
-/// executing (`activemask`) lanes that leave still drop out by themselves, and every collective
-/// the allocators derive from `active()` names lanes of `mask` only.
-#[derive(Clone, Copy, Debug)]
-pub struct Within<'w, W> {
-    /// The whole warp.
-    pub warp: &'w W,
-    /// The lanes of this group.
-    pub mask: u32,
-}
-
-impl<'w, W: Warp> Within<'w, W> {
-    /// The calling lanes of `warp` (its `active()`) that pass the same `key` as this one: one
-    /// `match_any` that every calling lane makes.
+impl<'w, W: Warp> Among<'w, W> {
+    /// The calling lanes of `warp` (its `active()`, read once, here) that pass the same `key` as
+    /// this one: one `match_any` that every calling lane makes. The device heap's entry points
+    /// group lanes by heap with it.
+    ///
+    /// The set stays fixed from here on. Read again further in, `activemask` could name lanes
+    /// that entered apart and reconverged there (with another heap, class or segment in hand)
+    /// or leave out lanes of this set that fell behind; collectives over either would share one
+    /// lane's claim or free among lanes it was not made for.
     #[inline(always)]
     pub fn grouped(warp: &'w W, key: u64) -> Self {
         let active = warp.active();
-        Within {
+        Among {
             warp,
             mask: warp.match_any(active, key),
         }
     }
 }
 
-impl<W: Warp> Warp for Within<'_, W> {
-    const TRACKS_ACTIVE: bool = W::TRACKS_ACTIVE;
+impl<W: Warp> Warp for Among<'_, W> {
     #[inline(always)]
     fn active(&self) -> u32 {
-        self.warp.active() & self.mask
+        self.mask
     }
     #[inline(always)]
     fn lane(&self) -> u32 {

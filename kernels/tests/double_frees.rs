@@ -14,6 +14,7 @@ use carve_kernels::general::test_request_size;
 use carve_kernels::heap_layout::*;
 use carve_kernels::slab::Slab;
 use carve_kernels::warp::{SoloLane, Warp};
+use support::entry;
 use support::general::HostGeneral;
 use support::lockstep::{self, Lane};
 use support::HostHeap;
@@ -155,6 +156,90 @@ fn double_and_foreign_frees_in_mixed_warps_are_counted_and_harmless() {
             heap.malloc(w, size(w.lane())) as u64
         }));
     }
+    assert!(all.iter().all(|&p| p != 0));
+    let n = all.len();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), n, "a block handed out twice");
+    assert_eq!(heap.total_in_use(), n as u64);
+    heap.check();
+}
+
+/// A general heap's address as kernels pass it (addresses travel as `u64` between the lanes'
+/// threads).
+fn at(g: u64) -> *const GeneralHeader {
+    g as *const GeneralHeader
+}
+
+/// `carve_free`'s entry point for whole warps of mixed classes (the path the PTX takes when all
+/// 32 lanes call on one heap): the runs of a second free of everything, in the same order, are
+/// counted block by block; two warps freeing the same runs at once clear each block once; a
+/// second free of a block in the same call (two lanes), with null and interior pointers and
+/// one of no class around it, is counted and changes nothing. What comes back is handed out
+/// once.
+#[test]
+fn whole_mixed_warps_freeing_through_the_entry_point_count_every_double_free() {
+    let heap = HostGeneral::new(1 << 18);
+    let g = heap.ptr() as u64;
+    let size = |l: u32| [16u64, 48, 256][l as usize % 3];
+    let malloc = |call: u32| {
+        lockstep::run(32, call, |w| {
+            entry::malloc(at(g), w, size(w.lane()), call) as u64
+        })
+    };
+    let free = |ptrs: &[u64]| {
+        lockstep::run(32, 0, |w| {
+            entry::free(at(g), w, ptrs[w.lane() as usize] as *mut u8)
+        })
+    };
+    let got = malloc(0);
+    assert!(got.iter().all(|&p| p != 0));
+    free(&got);
+    assert_eq!(heap.total_in_use(), 0);
+    free(&got);
+    assert_eq!(heap.total_double_frees(), 32, "a second free of each run");
+    assert_eq!(heap.total_in_use(), 0);
+    heap.check();
+    // Two warps free the same runs at once: each block is cleared by one of them.
+    let got = malloc(1);
+    assert_eq!(heap.total_in_use(), 32);
+    thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| free(&got));
+        }
+    });
+    assert_eq!(
+        heap.total_double_frees(),
+        64,
+        "one of the two frees of each block"
+    );
+    assert_eq!(heap.total_in_use(), 0);
+    heap.check();
+    // Lanes 16..24 free lanes 0..8's blocks again in the same call; lanes 24..28 pass interior
+    // pointers of lanes 8..12's blocks, lanes 28..30 null, lanes 30.. a pointer of no class.
+    let got = malloc(2);
+    let outside = [0u64; 4];
+    let outside = outside.as_ptr() as u64;
+    let mixed: Vec<u64> = (0..32)
+        .map(|l| match l {
+            0..16 => got[l],
+            16..24 => got[l - 16],
+            24..28 => got[l - 16] + 8,
+            28..30 => 0,
+            _ => outside,
+        })
+        .collect();
+    free(&mixed);
+    assert_eq!(heap.total_double_frees(), 64 + 8);
+    let interior: u64 = (0..heap.plan.nclasses).map(|c| heap.class_stats(c).3).sum();
+    assert_eq!(interior, 4);
+    assert_eq!(heap.header_counter(COUNTER_FOREIGN_FREES), 2);
+    assert_eq!(heap.total_in_use(), 16);
+    assert!(got[16..].iter().all(|&p| heap.is_claimed(p as *mut u8)));
+    heap.check();
+    let mut all: Vec<u64> = got[16..].to_vec();
+    all.extend(malloc(3));
+    all.extend(malloc(4));
     assert!(all.iter().all(|&p| p != 0));
     let n = all.len();
     all.sort_unstable();

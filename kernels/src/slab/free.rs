@@ -4,7 +4,7 @@
 use super::{Slab, NONE};
 use crate::exact_div::exact_quotient;
 use crate::heap_layout::*;
-use crate::sync::atomic::Ordering;
+use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::warp::{rank_in, Warp};
 
 impl<'a> Slab<'a> {
@@ -60,18 +60,25 @@ impl<'a> Slab<'a> {
     /// group whose pointers are that run in rank order, after a collective that waited for the
     /// group's accesses to its blocks; it names no other lane, so the leaders of several groups
     /// of one warp can run it at once (`carve_free` with mixed classes).
+    ///
+    /// `words` is the handle's bitmap address, which the caller read before its collective:
+    /// read here, after it, the load would wait for the collective (its asm may write memory).
     #[inline(always)]
-    pub(crate) fn free_run_at<W: Warp>(&self, warp: &W, base: u64, lanes: u32) {
+    pub(crate) fn free_run_at<W: Warp>(&self, warp: &W, words: u64, base: u64, lanes: u32) {
         debug_assert!(lanes > 0 && lanes <= 32 && base + lanes as u64 <= self.h.capacity);
+        debug_assert_eq!(words, self.h.words);
         let w = (base >> 6) as u32;
         let o = (base & 63) as u32;
         let run = (1u64 << lanes) - 1;
         let lo = run << o;
+        // SAFETY: `new`'s contract: `words` (the handle's) holds `nwords` atomics, and the run
+        // lies inside the segment, so in words `w` and, when it crosses, `w + 1`.
+        let word = |i: u32| unsafe { &*(words as *const AtomicU64).add(i as usize) };
         // Release: as in `free_run`.
-        let old_lo = warp.fetch_and_release(self.word(w), !lo);
+        let old_lo = warp.fetch_and_release(word(w), !lo);
         if o + lanes > 64 {
             let hi = run >> (64 - o);
-            let old_hi = warp.fetch_and_release(self.word(w + 1), !hi);
+            let old_hi = warp.fetch_and_release(word(w + 1), !hi);
             self.settle_free(warp, w + 1, hi.count_ones(), (old_hi & hi).count_ones());
         }
         self.settle_free(warp, w, lo.count_ones(), (old_lo & lo).count_ones());
