@@ -45,24 +45,7 @@ impl Warp for Hooked<'_, '_> {
     fn active(&self) -> u32 {
         self.lane.active()
     }
-    fn lane(&self) -> u32 {
-        self.lane.lane()
-    }
-    fn shfl(&self, mask: u32, v: u32, src: u32) -> u32 {
-        self.lane.shfl(mask, v, src)
-    }
-    fn match_any(&self, mask: u32, v: u64) -> u32 {
-        self.lane.match_any(mask, v)
-    }
-    fn match_all(&self, mask: u32, v: u64) -> bool {
-        self.lane.match_all(mask, v)
-    }
-    fn ballot(&self, mask: u32, pred: bool) -> u32 {
-        self.lane.ballot(mask, pred)
-    }
-    fn slot_hint(&self) -> u32 {
-        self.lane.slot_hint()
-    }
+    support::forward_collectives!(lane);
     fn fetch_and_release(&self, a: &AtomicU64, v: u64) -> u64 {
         if !self.first.swap(true, Ordering::SeqCst) {
             let old = a.fetch_and(v, Ordering::Release);
@@ -150,12 +133,17 @@ fn double_and_foreign_frees_in_mixed_warps_are_counted_and_harmless() {
     assert!(got[16..].iter().all(|&p| heap.is_claimed(p as *mut u8)));
     heap.check();
     // Two warps' worth comes back distinct, and never one of the blocks still in use.
-    let mut all: Vec<u64> = got[16..].to_vec();
+    let mut all = got[16..].to_vec();
     for call in 1..3 {
         all.extend(lockstep::run(32, call, |w| {
             heap.malloc(w, size(w.lane())) as u64
         }));
     }
+    assert_held_once(&heap, all);
+}
+
+/// `all`, blocks of `heap` that are in use: none null, none twice, and nothing else in use.
+fn assert_held_once(heap: &HostGeneral, mut all: Vec<u64>) {
     assert!(all.iter().all(|&p| p != 0));
     let n = all.len();
     all.sort_unstable();
@@ -237,16 +225,10 @@ fn whole_mixed_warps_freeing_through_the_entry_point_count_every_double_free() {
     assert_eq!(heap.total_in_use(), 16);
     assert!(got[16..].iter().all(|&p| heap.is_claimed(p as *mut u8)));
     heap.check();
-    let mut all: Vec<u64> = got[16..].to_vec();
+    let mut all = got[16..].to_vec();
     all.extend(malloc(3));
     all.extend(malloc(4));
-    assert!(all.iter().all(|&p| p != 0));
-    let n = all.len();
-    all.sort_unstable();
-    all.dedup();
-    assert_eq!(all.len(), n, "a block handed out twice");
-    assert_eq!(heap.total_in_use(), n as u64);
-    heap.check();
+    assert_held_once(&heap, all);
 }
 
 /// Real threads, each a warp of one lane: each allocates mixed sizes from classes all threads

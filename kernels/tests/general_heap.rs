@@ -222,6 +222,13 @@ fn one_size_across_a_warp_takes_one_run() {
     assert_eq!(heap.class_stats(2), (0, 0, 0, 0, 0), "no peak with cursors");
 }
 
+/// Up to `n` entries of `live`, taken out at places `next` picks.
+fn take_at_random<T>(live: &mut Vec<T>, n: usize, next: &mut impl FnMut() -> u64) -> Vec<T> {
+    (0..n.min(live.len()))
+        .map(|_| live.swap_remove((next() % live.len() as u64) as usize))
+        .collect()
+}
+
 /// True when no two of `blocks` (address, bytes) overlap; sorts them.
 fn disjoint(blocks: &mut [(u64, u64)]) -> bool {
     blocks.sort_unstable();

@@ -48,24 +48,7 @@ impl Warp for Reconverging<'_, '_> {
             self.met
         }
     }
-    fn lane(&self) -> u32 {
-        self.lane.lane()
-    }
-    fn shfl(&self, mask: u32, v: u32, src: u32) -> u32 {
-        self.lane.shfl(mask, v, src)
-    }
-    fn match_any(&self, mask: u32, v: u64) -> u32 {
-        self.lane.match_any(mask, v)
-    }
-    fn match_all(&self, mask: u32, v: u64) -> bool {
-        self.lane.match_all(mask, v)
-    }
-    fn ballot(&self, mask: u32, pred: bool) -> u32 {
-        self.lane.ballot(mask, pred)
-    }
-    fn slot_hint(&self) -> u32 {
-        self.lane.slot_hint()
-    }
+    support::forward_collectives!(lane);
     fn fetch_or_acquire(&self, a: &AtomicU64, v: u64) -> u64 {
         self.lane.fetch_or_acquire(a, v)
     }

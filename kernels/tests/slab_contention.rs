@@ -33,24 +33,7 @@ impl Warp for Raced<'_> {
     fn active(&self) -> u32 {
         self.inner.active()
     }
-    fn lane(&self) -> u32 {
-        self.inner.lane()
-    }
-    fn shfl(&self, mask: u32, v: u32, src: u32) -> u32 {
-        self.inner.shfl(mask, v, src)
-    }
-    fn match_any(&self, mask: u32, v: u64) -> u32 {
-        self.inner.match_any(mask, v)
-    }
-    fn match_all(&self, mask: u32, v: u64) -> bool {
-        self.inner.match_all(mask, v)
-    }
-    fn ballot(&self, mask: u32, pred: bool) -> u32 {
-        self.inner.ballot(mask, pred)
-    }
-    fn slot_hint(&self) -> u32 {
-        self.inner.slot_hint()
-    }
+    support::forward_collectives!(inner);
     fn fetch_or_acquire(&self, a: &AtomicU64, v: u64) -> u64 {
         let lowest = v & v.wrapping_neg();
         if self.rival.load(Ordering::Relaxed) > 0

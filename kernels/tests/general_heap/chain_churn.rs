@@ -47,11 +47,7 @@ fn mixed_warps_on_exhausted_chains_never_share_a_block() {
         let mut sorted: Vec<(u64, u64)> = live.iter().map(|&(p, b, _)| (p, b)).collect();
         assert!(disjoint(&mut sorted), "call {call}: overlap");
         let n = (next() % 33) as usize;
-        let mut freed = Vec::new();
-        for _ in 0..n.min(live.len()) {
-            let i = (next() % live.len() as u64) as usize;
-            freed.push(live.swap_remove(i));
-        }
+        let freed = take_at_random(&mut live, n, &mut next);
         for &(p, b, t) in &freed {
             // SAFETY: a live block of `b` bytes written with `t`; nobody else holds it.
             let s = unsafe { std::slice::from_raw_parts(p as *const u8, b as usize) };

@@ -369,11 +369,7 @@ fn mixed_warps_among_random_frees_keep_every_block() {
         );
         // Free 16 to 32 blocks picked at random: some 8 more live after each call.
         let n = 16 + (next() % 17) as usize;
-        let mut freed = Vec::new();
-        for _ in 0..n.min(live.len()) {
-            let i = (next() % live.len() as u64) as usize;
-            freed.push(live.swap_remove(i));
-        }
+        let freed = take_at_random(&mut live, n, &mut next);
         for &(p, b, tag) in &freed {
             // SAFETY: a live block of `b` bytes written with `tag`; nobody else holds it.
             let s = unsafe { std::slice::from_raw_parts(p as *const u8, b as usize) };

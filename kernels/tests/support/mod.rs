@@ -13,6 +13,35 @@ pub fn xorshift(s: &mut u64) -> u64 {
     *s
 }
 
+/// The [`Warp`](carve_kernels::warp::Warp) methods a test's wrapper warp takes as they are from
+/// its field `$f` (a lock-step lane, or another warp): the lane, the collectives and the slot.
+/// The wrapper writes `active` and the atomics it changes itself.
+#[allow(unused_macros)]
+macro_rules! forward_collectives {
+    ($f:ident) => {
+        fn lane(&self) -> u32 {
+            self.$f.lane()
+        }
+        fn shfl(&self, mask: u32, v: u32, src: u32) -> u32 {
+            self.$f.shfl(mask, v, src)
+        }
+        fn match_any(&self, mask: u32, v: u64) -> u32 {
+            self.$f.match_any(mask, v)
+        }
+        fn match_all(&self, mask: u32, v: u64) -> bool {
+            self.$f.match_all(mask, v)
+        }
+        fn ballot(&self, mask: u32, pred: bool) -> u32 {
+            self.$f.ballot(mask, pred)
+        }
+        fn slot_hint(&self) -> u32 {
+            self.$f.slot_hint()
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use forward_collectives;
+
 /// A formatted heap segment whose arrays live in this struct.
 pub struct HostHeap {
     pub handle: Box<HeapHandle>,
