@@ -92,7 +92,11 @@ impl<'a> Slab<'a> {
             self.at_home()
                 .count_double_frees(warp.slot_hint(), lanes - freed);
         }
-        self.unreserve(word >> self.h.shard_words_log2, freed);
+        // The shard counts' address is read from the region, after the bitmap's atomic: from
+        // the register copy it would stay live across the whole fast path, and at 32 registers
+        // ptxas spilled it in `carve_heap_slab_free`.
+        self.at_home()
+            .unreserve(word >> self.h.shard_words_log2, freed);
     }
 
     /// Frees `ptr` (a block of this segment, see [`Slab::index_of`]) for each calling lane.
