@@ -26,11 +26,11 @@ use crate::warp::{Among, Warp};
 use static_assertions::const_assert;
 
 #[cfg(target_arch = "nvptx64")]
-use crate::global_mem::{load_class_pointer, load_handle};
+use crate::global_mem::{load_class_handle, load_class_pointer, load_handle};
 #[cfg(target_arch = "nvptx64")]
 use crate::nvptx::load_general;
 #[cfg(not(target_arch = "nvptx64"))]
-use host::{load_class_pointer, load_general, load_handle};
+use host::{load_class_handle, load_class_pointer, load_general, load_handle};
 
 /// The first 8 bytes of a formatted handle of `kind` (`magic`, then `kind`).
 pub(crate) const fn tag(kind: u32) -> u64 {
@@ -343,7 +343,7 @@ pub unsafe fn malloc<F: Warp, G: Warp, S: Fn() -> u32 + Copy>(
                 // SAFETY: `class < nclasses`: the address of that class's formatted slab
                 // segment, the same in every lane.
                 return unsafe {
-                    let h = load_handle(head, tag(KIND_SLAB));
+                    let h = load_class_handle(head);
                     slab_alloc_whole(head, h, full, any, seed, true)
                 };
             }
@@ -429,7 +429,7 @@ pub unsafe fn free<F: Warp, G: Warp>(heap: *const GeneralHeader, ptr: *mut u8, f
                 // chain that holds `ptr` if anything does, the same in every lane; `ptr` is
                 // not null (its key is a class).
                 unsafe {
-                    let h = load_handle(head, tag(KIND_SLAB));
+                    let h = load_class_handle(head);
                     if !slab_free_whole(head, h, ptr, full, true) {
                         slab_free_generic::<_, true>(head, ptr, any);
                     }
@@ -505,6 +505,16 @@ mod host {
             base: g.base,
         };
         Some((front, g.classes[slot as usize]))
+    }
+
+    /// Class segment `head`'s handle, if `head` is not null.
+    ///
+    /// # Safety
+    /// `head` is null or a class pointer of a formatted general header.
+    #[inline(always)]
+    pub unsafe fn load_class_handle(head: *const HeapHandle) -> Option<HeapHandle> {
+        // SAFETY: the caller's contract.
+        (!head.is_null()).then(|| unsafe { *head })
     }
 
     /// The general header's class pointer `c`.

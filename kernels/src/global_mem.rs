@@ -88,6 +88,19 @@ pub unsafe fn load_handle(heap: *const HeapHandle, tag: u64) -> Option<HeapHandl
     (h.magic as u64 | (h.kind as u64) << 32 == tag).then_some(h)
 }
 
+/// Class segment `head`'s handle (a general header's class pointer, null or a formatted slab
+/// segment), read as [`load_handle`] does but without the tag test: between the loads, that
+/// test let ptxas issue the fields' loads after it, a second round trip on the fast paths.
+///
+/// # Safety
+/// `head` is null or a class pointer of a formatted general header in global memory.
+#[inline(always)]
+pub unsafe fn load_class_handle(head: *const HeapHandle) -> Option<HeapHandle> {
+    // SAFETY: the caller's contract: a class segment's handle, which the host writes only
+    // between launches.
+    (!head.is_null()).then(|| unsafe { read_handle(head) })
+}
+
 /// The handle at `heap`, read as [`load_handle`] does, unchecked.
 ///
 /// # Safety
