@@ -287,3 +287,30 @@ fn threads_double_freeing_never_share_a_block() {
     assert_eq!(heap.total_in_use(), 0);
     heap.check();
 }
+
+/// `Slab::free_blocks`, a mixed group leader's free of its run, refuses a run that is empty,
+/// longer than 32 blocks or not inside the segment, changing nothing; a run inside it frees
+/// its blocks across a word boundary and counts the ones that were free already.
+#[test]
+fn a_run_freed_by_its_leader_is_checked_and_counts_blocks_already_free() {
+    let heap = cursor_slab(100);
+    let slab = view(&heap);
+    let w = SoloLane::default();
+    for i in 0..100 {
+        assert!(!slab.alloc(&w, i, true).is_null());
+    }
+    for (base, lanes) in [(0, 0), (0, 33), (90, 11), (u64::MAX, 2)] {
+        assert!(!slab.free_blocks(&w, base, lanes), "{base} + {lanes}");
+    }
+    assert_eq!(heap.bits_set(), 100);
+    assert!(slab.free_blocks(&w, 60, 8));
+    assert_eq!(heap.bits_set(), 92);
+    assert_eq!(heap.counter(COUNTER_DOUBLE_FREES), 0);
+    // Blocks 60..68 are free now: a run over 56..72 clears 8 and counts the other 8.
+    assert!(slab.free_blocks(&w, 56, 16));
+    assert_eq!(heap.bits_set(), 84);
+    assert_eq!(heap.counter(COUNTER_DOUBLE_FREES), 8);
+    assert!(slab.free_blocks(&w, 68, 32));
+    assert_eq!(heap.bits_set(), 56);
+    assert_eq!(heap.counter(COUNTER_DOUBLE_FREES), 8 + 4);
+}

@@ -233,3 +233,72 @@ fn cursor_slab_allocs_race_for_the_last_block() {
         assert_eq!(heap.counter(COUNTER_FAILED_ALLOCS), 1);
     });
 }
+
+/// Blocks `a` and `b` of `heap` as the run they form (its first index), in either order.
+fn run_of(heap: &HostHeap, a: u64, b: u64) -> u64 {
+    let slab = cursors(heap);
+    let (i, j) = (
+        slab.index_of(a as *mut u8).unwrap(),
+        slab.index_of(b as *mut u8).unwrap(),
+    );
+    assert_eq!(i.abs_diff(j), 1, "blocks {i} and {j} are no run");
+    i.min(j)
+}
+
+/// Two warps free the same run of two blocks at once, each with one `fetch_and`, as the leaders
+/// of `carve_free`'s mixed class groups do (`Slab::free_blocks`): each block is cleared once,
+/// each second clear is counted, and the blocks come back once each.
+#[test]
+fn cursor_slab_run_double_free_across_warps() {
+    loom::model(|| {
+        let heap = cursor_heap(3);
+        let w = SoloLane::default();
+        let a = cursors(&heap).alloc(&w, 0, true) as u64;
+        let b = cursors(&heap).alloc(&w, 0, true) as u64;
+        let base = run_of(&heap, a, b);
+        let frees: Vec<_> = (1..3)
+            .map(|slot| {
+                let h = heap.clone();
+                thread::spawn(move || cursors(&h).free_blocks(&SoloLane { slot }, base, 2))
+            })
+            .collect();
+        for t in frees {
+            assert!(t.join().unwrap());
+        }
+        assert_eq!(heap.counter(COUNTER_DOUBLE_FREES), 2);
+        assert_eq!(heap.bits_set(), 0);
+        let mut got: Vec<u64> = (0..3)
+            .map(|_| cursors(&heap).alloc(&w, 0, true) as u64)
+            .collect();
+        got.sort_unstable();
+        got.dedup();
+        assert_eq!(got.len(), 3, "a block handed out twice: {got:x?}");
+        assert!(got.contains(&a) && got.contains(&b) && !got.contains(&0));
+        assert!(cursors(&heap).alloc(&w, 0, true).is_null());
+    });
+}
+
+/// A warp frees a run of two blocks (`Slab::free_blocks`) while another allocates from the same
+/// bitmap word: the allocation gets a block that was free when it claimed it, never a held
+/// one, no double free is counted, and the bitmap ends holding exactly the live block.
+#[test]
+fn cursor_slab_run_free_races_alloc() {
+    loom::model(|| {
+        let heap = cursor_heap(3);
+        let w = SoloLane::default();
+        let a = cursors(&heap).alloc(&w, 0, true) as u64;
+        let b = cursors(&heap).alloc(&w, 0, true) as u64;
+        let base = run_of(&heap, a, b);
+        let h2 = heap.clone();
+        let t = thread::spawn(move || cursors(&h2).free_blocks(&SoloLane { slot: 1 }, base, 2));
+        let c = cursors(&heap).alloc(&w, 0, true) as u64;
+        assert!(t.join().unwrap());
+        assert_ne!(c, 0, "a block was free throughout");
+        assert_eq!(heap.bits_set(), 1);
+        assert_eq!(heap.counter(COUNTER_DOUBLE_FREES), 0);
+        let d = cursors(&heap).alloc(&w, 0, true) as u64;
+        let e = cursors(&heap).alloc(&w, 0, true) as u64;
+        assert!(d != 0 && e != 0 && d != e && c != d && c != e);
+        assert!(cursors(&heap).alloc(&w, 0, true).is_null());
+    });
+}

@@ -54,6 +54,23 @@ impl<'a> Slab<'a> {
         true
     }
 
+    /// Frees blocks `base .. base + lanes` by the calling lane alone, as each leader of
+    /// `carve_free`'s mixed class groups frees its group's run: one Release `fetch_and` per word
+    /// (two when the run crosses into the next), then the shard counts; blocks that were free
+    /// already are counted as double frees on a checked heap. Returns `false`, having done
+    /// nothing, when the run is empty, longer than 32 blocks or not inside this segment.
+    #[inline(always)]
+    pub fn free_blocks<W: Warp>(&self, warp: &W, base: u64, lanes: u32) -> bool {
+        let inside = base
+            .checked_add(lanes as u64)
+            .is_some_and(|end| end <= self.h.capacity);
+        if lanes == 0 || lanes > 32 || !inside {
+            return false;
+        }
+        self.free_run_at(warp, self.h.words, base, lanes);
+        true
+    }
+
     /// Clears the run of `lanes` blocks from `base` (`lanes <= 32`, inside the segment; it may
     /// cross into the next word) with one Release `fetch_and` per word, both in flight together,
     /// then moves each word's shard count by the bits that were set. One lane calls it for a
