@@ -234,15 +234,20 @@ fn cursor_slab_allocs_race_for_the_last_block() {
     });
 }
 
-/// Blocks `a` and `b` of `heap` as the run they form (its first index), in either order.
-fn run_of(heap: &HostHeap, a: u64, b: u64) -> u64 {
-    let slab = cursors(heap);
+/// A 3-block slab with cursors whose first two allocations, `a` and `b`, are held: the heap,
+/// both blocks, and the run they form (its first index), in either order.
+fn two_held_in_a_run() -> (Arc<HostHeap>, u64, u64, u64) {
+    let heap = cursor_heap(3);
+    let w = SoloLane::default();
+    let a = cursors(&heap).alloc(&w, 0, true) as u64;
+    let b = cursors(&heap).alloc(&w, 0, true) as u64;
+    let slab = cursors(&heap);
     let (i, j) = (
         slab.index_of(a as *mut u8).unwrap(),
         slab.index_of(b as *mut u8).unwrap(),
     );
     assert_eq!(i.abs_diff(j), 1, "blocks {i} and {j} are no run");
-    i.min(j)
+    (heap, a, b, i.min(j))
 }
 
 /// Two warps free the same run of two blocks at once, each with one `fetch_and`, as the leaders
@@ -251,11 +256,8 @@ fn run_of(heap: &HostHeap, a: u64, b: u64) -> u64 {
 #[test]
 fn cursor_slab_run_double_free_across_warps() {
     loom::model(|| {
-        let heap = cursor_heap(3);
+        let (heap, a, b, base) = two_held_in_a_run();
         let w = SoloLane::default();
-        let a = cursors(&heap).alloc(&w, 0, true) as u64;
-        let b = cursors(&heap).alloc(&w, 0, true) as u64;
-        let base = run_of(&heap, a, b);
         let frees: Vec<_> = (1..3)
             .map(|slot| {
                 let h = heap.clone();
@@ -284,11 +286,8 @@ fn cursor_slab_run_double_free_across_warps() {
 #[test]
 fn cursor_slab_run_free_races_alloc() {
     loom::model(|| {
-        let heap = cursor_heap(3);
+        let (heap, _, _, base) = two_held_in_a_run();
         let w = SoloLane::default();
-        let a = cursors(&heap).alloc(&w, 0, true) as u64;
-        let b = cursors(&heap).alloc(&w, 0, true) as u64;
-        let base = run_of(&heap, a, b);
         let h2 = heap.clone();
         let t = thread::spawn(move || cursors(&h2).free_blocks(&SoloLane { slot: 1 }, base, 2));
         let c = cursors(&heap).alloc(&w, 0, true) as u64;
