@@ -69,14 +69,15 @@ pub fn request_class(bytes: u64) -> u32 {
 }
 
 /// The group key of `ptr` for [`free`] in a general heap of `nclasses` classes from `base` at
-/// strides of `1 << stride_log2`: see [`free_key`].
+/// strides of `1 << stride_log2`: see [`free_key`]. Always below [`NO_CLASS`] for a class, so
+/// that a header claiming more classes than it has slots names none past them.
 #[inline(always)]
 pub fn key_of(base: u64, stride_log2: u32, nclasses: u32, ptr: *mut u8) -> u32 {
     if ptr.is_null() {
         return NULL_KEY;
     }
     let c = (ptr as u64).wrapping_sub(base) >> stride_log2;
-    if c < nclasses as u64 {
+    if c < nclasses.min(NO_CLASS) as u64 {
         c as u32
     } else {
         NO_CLASS
@@ -352,7 +353,8 @@ pub(crate) unsafe fn free_mixed<W: Warp>(
     let lane = warp.lane();
     let leader = group.trailing_zeros();
     let lanes = group.count_ones();
-    let class = key < g.nclasses;
+    // A key below NO_CLASS is a class of this header (`free_key`).
+    let class = key < NO_CLASS;
     let size = if class { class_size(key) as u64 } else { 0 };
     let first = warp.shfl64(active, ptr as u64, leader);
     let in_run = !class || ptr as u64 == first.wrapping_add(rank_in(group, lane) as u64 * size);
@@ -449,7 +451,8 @@ pub unsafe fn free_class<W: Warp>(g: &GeneralHeader, warp: &W, key: u32, ptr: *m
     if key == NULL_KEY {
         return;
     }
-    if key >= g.nclasses {
+    // A key below NO_CLASS is a class of this header (`free_key`).
+    if key >= NO_CLASS {
         let active = warp.active();
         if warp.lane() == active.trailing_zeros() {
             // SAFETY: forwarded contract.

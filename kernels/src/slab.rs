@@ -31,9 +31,11 @@
 //! has room is read from its words, a claim that finds none ends after one pass over them, and
 //! the host counts the blocks in use in the bitmap. Lanes freeing the same block in one call
 //! clear it once, since a cleared bit can be claimed at once. Every block a cursor's shard hands
-//! out lies on the cursor's path: a run that reaches the shard's end goes on at its start, and
-//! lanes a run left without a block take runs at other shards' cursors, not the clear bits ahead
-//! of their own, where that cursor's next runs would land and fail in turn.
+//! out lies on the cursor's path: a run that would pass the shard's end is taken where the
+//! cursor stands after it (one run of consecutive blocks, which `carve_free` clears in one step;
+//! the blocks passed over are the next lap's), one that still does goes on at the shard's
+//! start, and lanes a run left without a block take runs at other shards' cursors, not the
+//! clear bits ahead of their own, where that cursor's next runs would land and fail in turn.
 //!
 //! No device-wide fence is on either path: the handover of a block is ordered by the Acquire and
 //! Release of the bitmap atomics themselves; the counts are Relaxed hints plus the reservation

@@ -68,6 +68,23 @@ fn unserved_sizes_and_foreign_pointers_are_counted() {
     assert_eq!(heap.total_in_use(), 0);
 }
 
+/// A header that claims more classes than it has slots (as only a corrupted one can) names no
+/// class past them: pointers there are counted as foreign frees, from a warp of mixed classes
+/// and from a warp of one, and no class pointer past the slots is read.
+#[test]
+fn a_header_claiming_classes_past_its_slots_frees_none_of_them() {
+    let heap = HostGeneral::new(1);
+    // SAFETY: the header is this heap's own, and nothing else uses the heap.
+    unsafe { (*heap.ptr().cast_mut()).nclasses = NO_CLASS + 4 };
+    let (base, stride) = (heap.header().base, heap.header().stride_log2);
+    let past = |c: u32, lane: u32| (base + ((c as u64) << stride) + 64 * lane as u64) as *mut u8;
+    lockstep::run(32, 0, |w| {
+        heap.free(w, past(NO_CLASS + w.lane() % 4, w.lane()))
+    });
+    lockstep::run(32, 0, |w| heap.free(w, past(NO_CLASS + 2, w.lane())));
+    assert_eq!(heap.header_counter(COUNTER_FOREIGN_FREES), 64);
+}
+
 /// Large requests (above 64 KiB) take a whole block of the next power of two, from the large
 /// classes whose block fits the stride; larger ones are counted as unserved.
 #[test]

@@ -401,42 +401,54 @@ fn mixed_warps_among_random_frees_keep_every_block() {
     assert_eq!(heap.total_double_frees(), 0);
 }
 
-/// A group's run that reaches the end of its shard goes on at the shard's start, where its
-/// cursor goes next, in the same step: no lane of it goes out of line, and the run after it
-/// follows on.
+/// A group's run that would reach past the end of its shard is taken where the cursor stands
+/// after it instead, in the same step (no lane goes out of line): its blocks are consecutive,
+/// one run for the leader of its free, and the run after it follows on. The blocks the cursor
+/// passed over are handed out on its next lap.
 #[test]
-fn a_run_past_its_shards_end_goes_on_at_its_start() {
+fn a_run_that_would_pass_its_shards_end_is_taken_after_it() {
     let heap = HostGeneral::new(1 << 18);
     let c = class_of(48).unwrap() as usize;
     let per = shard_blocks(&heap, c);
-    let call = |lanes: u32, seed: u32| {
-        lockstep::run(32, seed, |w| {
+    let call = |lanes: u32, slot: u32| {
+        lockstep::run(32, slot, |w| {
             let bytes = if w.lane() < lanes { 48 } else { 64 };
             heap.malloc(w, bytes) as u64
         })
     };
+    let give_back = |calls: &[Vec<u64>]| {
+        for ptrs in calls {
+            lockstep::run(32, 0, |w| heap.free(w, ptrs[w.lane() as usize] as *mut u8));
+        }
+        assert_eq!(heap.total_in_use(), 0);
+    };
+    let indices = |ptrs: &[u64], lanes: usize| -> Vec<u64> {
+        ptrs[..lanes]
+            .iter()
+            .map(|&p| index_in(&heap, c, p))
+            .collect()
+    };
     // The cursor of shard 0 to 8 blocks before its end, every block back.
     let mut warm = vec![call(8, 0)];
     warm.extend((1..per / 16).map(|k| call(16, k as u32)));
-    for ptrs in &warm {
-        lockstep::run(32, 0, |w| heap.free(w, ptrs[w.lane() as usize] as *mut u8));
-    }
-    assert_eq!(heap.total_in_use(), 0);
+    give_back(&warm);
     let runs = [call(16, 500), call(16, 501)];
-    let idx: Vec<Vec<u64>> = runs
-        .iter()
-        .map(|r| r[..16].iter().map(|&p| index_in(&heap, c, p)).collect())
-        .collect();
-    assert_eq!(idx[0], (per - 8..per).chain(0..8).collect::<Vec<u64>>());
-    assert_eq!(idx[1], (8..24).collect::<Vec<u64>>());
+    assert_eq!(indices(&runs[0], 16), (8..24).collect::<Vec<u64>>());
+    assert_eq!(indices(&runs[1], 16), (24..40).collect::<Vec<u64>>());
     for (l, &p) in runs[0].iter().enumerate() {
         heap.assert_block_of(p as *mut u8, if l < 16 { 48 } else { 64 });
     }
     heap.check();
-    for ptrs in &runs {
-        lockstep::run(32, 0, |w| heap.free(w, ptrs[w.lane() as usize] as *mut u8));
-    }
-    assert_eq!(heap.total_in_use(), 0);
+    give_back(&runs);
+    // Round the shard again to where the first move began: the blocks it passed over are next.
+    let lap: Vec<Vec<u64>> = (0..(per - 48) / 16)
+        .map(|k| call(16, 600 + k as u32))
+        .collect();
+    give_back(&lap);
+    let tail = [call(8, 700), call(8, 701)];
+    assert_eq!(indices(&tail[0], 8), (per - 8..per).collect::<Vec<u64>>());
+    assert_eq!(indices(&tail[1], 8), (0..8).collect::<Vec<u64>>());
+    give_back(&tail);
     assert_eq!(heap.total_double_frees(), 0);
     heap.check();
 }
