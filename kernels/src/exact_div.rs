@@ -45,6 +45,20 @@ pub fn exact_quotient(off: u64, size: u64) -> Option<u64> {
     (q <= limit).then_some(q)
 }
 
+/// [`exact_quotient`] for a general heap class's size (`m << k` with `m` 1, 3, 5 or 7):
+/// straight-line, with the factor's inverse and limit picked by selects. The lanes of a warp
+/// freeing blocks of different classes then take one path, not one branch per factor in turn.
+#[inline(always)]
+pub fn class_quotient(off: u64, size: u64) -> Option<u64> {
+    let k = size.trailing_zeros();
+    let m = size >> k;
+    debug_assert!(matches!(m, 1 | 3 | 5 | 7), "size {size}");
+    let pick = |i: usize| if m == 1 { (1, u64::MAX) } else { ODD[i] };
+    let (inv, limit) = pick(((m >> 1) as usize).saturating_sub(1));
+    let q = (off >> k).wrapping_mul(inv);
+    (off & ((1u64 << k) - 1) == 0 && q <= limit).then_some(q)
+}
+
 /// [`exact_quotient`] by division: out of line, for block sizes no general heap class has.
 #[cold]
 #[inline(never)]
@@ -88,6 +102,7 @@ mod tests {
             for off in offs {
                 let want = (off % size == 0).then(|| off / size);
                 assert_eq!(exact_quotient(off, size), want, "size {size}, off {off}");
+                assert_eq!(class_quotient(off, size), want, "size {size}, off {off}");
             }
         }
     }

@@ -14,8 +14,8 @@
 //!
 //! **Free.** The class of a pointer is `(ptr - base) >> stride_log2` (class segments sit at equal
 //! power-of-two strides), so no size is passed and nothing is searched; lanes are grouped by class
-//! the same way: a group freeing a run of blocks is cleared by its leader in one step of the whole
-//! warp, and any other group frees into its class's slab as a warp of its own lanes (the slab
+//! the same way: a group freeing a run of blocks is cleared in one step of the whole warp (one
+//! atomic per bitmap word it touches), and any other group frees into its class's slab as a warp of its own lanes (the slab
 //! counts pointers that are not one of its blocks). Pointers outside every class are counted as
 //! foreign frees in the header; null is ignored.
 //!
@@ -24,7 +24,7 @@
 //! are cursors ([`crate::heap_layout::FLAG_CURSOR_SHARDS`]): a group's free is one `fetch_and`,
 //! and the bitmap alone says which blocks are in use.
 
-use crate::exact_div::exact_quotient;
+use crate::exact_div::class_quotient;
 use crate::heap_layout::*;
 use crate::size_class::{class_of, class_size, NUM_CLASSES};
 use crate::slab::{self, Lead, Slab};
@@ -330,15 +330,17 @@ pub unsafe fn free<W: Warp>(g: &GeneralHeader, warp: &W, ptr: *mut u8) {
 
 /// [`free`] for lanes of several keys (`group`: the lanes of this lane's `key`), on the plan of
 /// [`malloc_mixed`]: every group whose pointers are a run of its class's first segment, in rank
-/// order (blocks freed as they were handed out), is cleared by its leader at once, with one
-/// `fetch_and` per bitmap word the run touches ([`Slab::free_run_at`]); null and foreign groups
-/// are settled by their leaders in the same step; only the other groups free as warps of their
-/// own lanes, in place.
+/// order (blocks freed as they were handed out), is cleared at once with one Release
+/// `fetch_and` per bitmap word the run touches: the leader clears the first word's part, and
+/// the lane of the run's first block in the next word that word's, every such lane of the warp
+/// in one atomic instruction, so that one fence serves them all ([`Slab::free_blocks`] frees a
+/// run in the same parts). Null and foreign groups are settled by their leaders in the same
+/// step; only the other groups free as warps of their own lanes, in place.
 ///
 /// Only the leaders read their class's handle, and only what the run needs: the lanes test the
 /// run against the leader's pointer with the class's block size, which every segment of a class
-/// shares. The handles' loads are what bounds this path: a warp's groups read up to as many
-/// handles as it has lanes, one memory transaction per handle for each load instruction.
+/// shares. The block index divides by that size without a branch ([`class_quotient`]), so the
+/// leaders of different classes take one path.
 ///
 /// # Safety
 /// As for [`free`]; exactly the lanes of `active` make this call.
@@ -356,57 +358,67 @@ pub(crate) unsafe fn free_mixed<W: Warp>(
     // A key below NO_CLASS is a class of this header (`free_key`).
     let class = key < NO_CLASS;
     let size = if class { class_size(key) as u64 } else { 0 };
+    let rank = rank_in(group, lane);
     let first = warp.shfl64(active, ptr as u64, leader);
-    let in_run = !class || ptr as u64 == first.wrapping_add(rank_in(group, lane) as u64 * size);
+    let in_run = !class || ptr as u64 == first.wrapping_add(rank as u64 * size);
     // The leader's run in the class's first segment, when it lies there: the segment, its
     // bitmap's address and the run's first block, all read before the ballot, so that the
     // `fetch_and` after it waits on no load.
-    let mut run = None;
+    // The leader's part of its run, when the run lies in the class's first segment: the
+    // address of the run's first bitmap word and its bits there, and how many of the run's
+    // blocks lie in the next word. All read before the ballot, so that the `fetch_and` after it
+    // waits on no load.
+    let (mut at, mut o, mut next) = (0u64, 0u32, 0u32);
     if lane == leader && class {
         // SAFETY: forwarded contract; `key < nclasses`.
         let h = unsafe { class_head(g, key) };
         // SAFETY: a formatted slab handle in the region.
         let (capacity, data, words) = unsafe { run_fields(h) };
         let off = (ptr as u64).wrapping_sub(data);
-        run = block_index(off, size)
-            .filter(|&i| i + lanes as u64 <= capacity)
-            .map(|i| (h, words, i));
+        if let Some(i) = class_quotient(off, size).filter(|&i| i + lanes as u64 <= capacity) {
+            let w;
+            (w, o, next) = slab::run_parts(i, lanes);
+            at = words + w as u64 * 8;
+        }
     }
-    // Also waits for every lane's accesses to its block before the leaders' Release.
-    let not_run = warp.ballot(
-        active,
-        !in_run || (lane == leader && class && run.is_none()),
-    );
+    // A run that crosses into the next word: the lane of its first block there clears its part
+    // of that word, in the leader's atomic instruction (one fence for both words). Its Release
+    // orders the group's accesses as the leader's does.
+    let next = warp.shfl(active, next, leader);
+    let next_at = warp.shfl64(active, at + 8, leader);
+    // Also waits for every lane's accesses to its block before the Releases.
+    let not_run = warp.ballot(active, !in_run || (lane == leader && class && at == 0));
     if not_run & group == 0 {
-        if lane == leader {
-            match run {
-                // SAFETY: `h` is class `key`'s formatted first segment, `words` its bitmap.
-                Some((h, words, i)) => unsafe { Slab::new(h) }
+        // Never the leader, whose block lies in the first word.
+        let upper = next > 0 && rank == lanes - next;
+        let bits = if upper {
+            at = next_at;
+            slab::part_bits(0, next)
+        } else {
+            slab::part_bits(o, lanes - next)
+        };
+        if at != 0 && (upper || lane == leader) {
+            // SAFETY: a word of the bitmap of class `key`'s first segment, which holds the run.
+            let word = unsafe { &*(at as *const AtomicU64) };
+            // Release: as in `Slab::free_run`.
+            let freed = (warp.fetch_and_release(word, !bits) & bits).count_ones();
+            if freed < bits.count_ones() {
+                // SAFETY: forwarded contract; `key < nclasses`.
+                let h = unsafe { class_head(g, key) };
+                // SAFETY: a formatted slab segment.
+                unsafe { Slab::new(h) }
                     .cursors(true)
-                    .free_run_at(warp, words, i, lanes),
-                // SAFETY: forwarded contract.
-                None if key == NO_CLASS => unsafe {
-                    g.count(COUNTER_FOREIGN_FREES, warp.slot_hint(), lanes)
-                },
-                None => {}
+                    .count_double_frees(warp.slot_hint(), bits.count_ones() - freed);
             }
+        } else if lane == leader && key == NO_CLASS {
+            // SAFETY: forwarded contract.
+            unsafe { g.count(COUNTER_FOREIGN_FREES, warp.slot_hint(), lanes) };
         }
     } else {
         // Lanes freeing one by one instead (a `fetch_and` and a count each) measured slower
         // than the group's collectives, though ptxas runs those one group at a time.
         // SAFETY: forwarded contract; exactly the lanes of `group` make this call.
         unsafe { free_class(g, &Among { warp, mask: group }, key, ptr) };
-    }
-}
-
-/// The index of the block at byte `off` of a segment of `size`-byte blocks (a class's size), if
-/// a block starts there.
-#[inline(always)]
-fn block_index(off: u64, size: u64) -> Option<u64> {
-    if size.is_power_of_two() {
-        (off & (size - 1) == 0).then_some(off >> size.trailing_zeros())
-    } else {
-        exact_quotient(off, size)
     }
 }
 

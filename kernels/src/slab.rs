@@ -49,6 +49,7 @@ mod free;
 mod hint;
 mod segments;
 
+pub(crate) use free::{part_bits, run_parts};
 pub use hint::{group_hint, warp_hint};
 pub use segments::{chain_alloc, chain_free, chain_free_each};
 pub(crate) use segments::{chain_alloc_after, chain_alloc_in, chain_free_each_in, chain_free_in};
@@ -346,7 +347,7 @@ impl<'a> Slab<'a> {
     /// Counts `n` double frees on a checked heap.
     #[cold]
     #[inline(never)]
-    fn count_double_frees(&self, slot: u32, n: u32) {
+    pub(crate) fn count_double_frees(&self, slot: u32, n: u32) {
         if self.h.flags & FLAG_CHECKED_FREES != 0 {
             self.counter(COUNTER_DOUBLE_FREES, slot)
                 .fetch_add(n as u64, Ordering::Relaxed);

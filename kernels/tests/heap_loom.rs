@@ -251,7 +251,7 @@ fn two_held_in_a_run() -> (Arc<HostHeap>, u64, u64, u64) {
 }
 
 /// Two warps free the same run of two blocks at once, each with one `fetch_and`, as the leaders
-/// of `carve_free`'s mixed class groups do (`Slab::free_blocks`): each block is cleared once,
+/// of `carve_free`'s mixed class groups do (`Slab::free_blocks`, a run inside one word): each block is cleared once,
 /// each second clear is counted, and the blocks come back once each.
 #[test]
 fn cursor_slab_run_double_free_across_warps() {
@@ -277,6 +277,32 @@ fn cursor_slab_run_double_free_across_warps() {
         assert_eq!(got.len(), 3, "a block handed out twice: {got:x?}");
         assert!(got.contains(&a) && got.contains(&b) && !got.contains(&0));
         assert!(cursors(&heap).alloc(&w, 0, true).is_null());
+    });
+}
+
+/// A run across two bitmap words freed in its two parts at once, each part by its own lane, as
+/// `carve_free`'s mixed step frees a group's run (the leader clears the first word's part, the
+/// lane of the run's first block in the next word that word's), while another warp frees the
+/// whole run: each block is cleared once, each second clear is counted, and the bitmap ends
+/// clear.
+#[test]
+fn cursor_slab_run_across_words_freed_in_parts_and_whole() {
+    loom::model(|| {
+        let heap = cursor_heap(66);
+        assert_eq!(cursors(&heap).claim_run(&SoloLane::default(), 63, 2), 0b11);
+        let frees: Vec<_> = [(63, 1), (64, 1), (63, 2)]
+            .into_iter()
+            .zip(1..)
+            .map(|((base, lanes), slot)| {
+                let h = heap.clone();
+                thread::spawn(move || cursors(&h).free_blocks(&SoloLane { slot }, base, lanes))
+            })
+            .collect();
+        for t in frees {
+            assert!(t.join().unwrap());
+        }
+        assert_eq!(heap.counter(COUNTER_DOUBLE_FREES), 2);
+        assert_eq!(heap.bits_set(), 0);
     });
 }
 

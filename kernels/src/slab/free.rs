@@ -4,7 +4,7 @@
 use super::{Slab, NONE};
 use crate::exact_div::exact_quotient;
 use crate::heap_layout::*;
-use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::atomic::Ordering;
 use crate::warp::{rank_in, Warp};
 
 impl<'a> Slab<'a> {
@@ -54,11 +54,12 @@ impl<'a> Slab<'a> {
         true
     }
 
-    /// Frees blocks `base .. base + lanes` by the calling lane alone, as each leader of
-    /// `carve_free`'s mixed class groups frees its group's run: one Release `fetch_and` per word
-    /// (two when the run crosses into the next), then the shard counts; blocks that were free
-    /// already are counted as double frees on a checked heap. Returns `false`, having done
-    /// nothing, when the run is empty, longer than 32 blocks or not inside this segment.
+    /// Frees blocks `base .. base + lanes` by the calling lane alone: the run's part in each
+    /// bitmap word it touches cleared with one Release `fetch_and`, then that word's shard count
+    /// moved; blocks that were free already are counted as double frees on a checked heap.
+    /// `carve_free`'s mixed class groups clear their runs in the same parts, each by the lane
+    /// whose block starts it. Returns `false`, having done nothing, when the run is empty,
+    /// longer than 32 blocks or not inside this segment.
     #[inline(always)]
     pub fn free_blocks<W: Warp>(&self, warp: &W, base: u64, lanes: u32) -> bool {
         let inside = base
@@ -67,38 +68,20 @@ impl<'a> Slab<'a> {
         if lanes == 0 || lanes > 32 || !inside {
             return false;
         }
-        self.free_run_at(warp, self.h.words, base, lanes);
+        let (w, o, next) = run_parts(base, lanes);
+        if next > 0 {
+            self.free_part(warp, w + 1, part_bits(0, next));
+        }
+        self.free_part(warp, w, part_bits(o, lanes - next));
         true
     }
 
-    /// Clears the run of `lanes` blocks from `base` (`lanes <= 32`, inside the segment; it may
-    /// cross into the next word) with one Release `fetch_and` per word, both in flight together,
-    /// then moves each word's shard count by the bits that were set. One lane calls it for a
-    /// group whose pointers are that run in rank order, after a collective that waited for the
-    /// group's accesses to its blocks; it names no other lane, so the leaders of several groups
-    /// of one warp can run it at once (`carve_free` with mixed classes).
-    ///
-    /// `words` is the handle's bitmap address, which the caller read before its collective:
-    /// read here, after it, the load would wait for the collective (its asm may write memory).
+    /// Clears `bits` of word `w` with one Release `fetch_and` (as in `free_run`), then settles
+    /// the free.
     #[inline(always)]
-    pub(crate) fn free_run_at<W: Warp>(&self, warp: &W, words: u64, base: u64, lanes: u32) {
-        debug_assert!(lanes > 0 && lanes <= 32 && base + lanes as u64 <= self.h.capacity);
-        debug_assert_eq!(words, self.h.words);
-        let w = (base >> 6) as u32;
-        let o = (base & 63) as u32;
-        let run = (1u64 << lanes) - 1;
-        let lo = run << o;
-        // SAFETY: `new`'s contract: `words` (the handle's) holds `nwords` atomics, and the run
-        // lies inside the segment, so in words `w` and, when it crosses, `w + 1`.
-        let word = |i: u32| unsafe { &*(words as *const AtomicU64).add(i as usize) };
-        // Release: as in `free_run`.
-        let old_lo = warp.fetch_and_release(word(w), !lo);
-        if o + lanes > 64 {
-            let hi = run >> (64 - o);
-            let old_hi = warp.fetch_and_release(word(w + 1), !hi);
-            self.settle_free(warp, w + 1, hi.count_ones(), (old_hi & hi).count_ones());
-        }
-        self.settle_free(warp, w, lo.count_ones(), (old_lo & lo).count_ones());
+    fn free_part<W: Warp>(&self, warp: &W, w: u32, bits: u64) {
+        let old = warp.fetch_and_release(self.word(w), !bits);
+        self.settle_free(warp, w, bits.count_ones(), (old & bits).count_ones());
     }
 
     /// Moves the count of `word`'s shard after a free of `lanes` blocks of which `freed` were in
@@ -183,4 +166,19 @@ impl<'a> Slab<'a> {
         self.counter(COUNTER_FOREIGN_FREES, slot)
             .fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// Where the run of `lanes <= 32` blocks from block `base` lies in the bitmap: its first word,
+/// its first bit there, and how many of its blocks lie in the next word (0 when it ends in the
+/// first).
+#[inline(always)]
+pub(crate) fn run_parts(base: u64, lanes: u32) -> (u32, u32, u32) {
+    let o = (base & 63) as u32;
+    ((base >> 6) as u32, o, (o + lanes).saturating_sub(64))
+}
+
+/// The bits of a run part of `n <= 32` blocks from bit `o` of its word.
+#[inline(always)]
+pub(crate) fn part_bits(o: u32, n: u32) -> u64 {
+    ((1u64 << n) - 1) << o
 }
