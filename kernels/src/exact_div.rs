@@ -53,8 +53,12 @@ pub fn class_quotient(off: u64, size: u64) -> Option<u64> {
     let k = size.trailing_zeros();
     let m = size >> k;
     debug_assert!(matches!(m, 1 | 3 | 5 | 7), "size {size}");
-    let pick = |i: usize| if m == 1 { (1, u64::MAX) } else { ODD[i] };
-    let (inv, limit) = pick(((m >> 1) as usize).saturating_sub(1));
+    let (inv, limit) = match m {
+        3 => ODD[0],
+        5 => ODD[1],
+        7 => ODD[2],
+        _ => (1, u64::MAX),
+    };
     let q = (off >> k).wrapping_mul(inv);
     (off & ((1u64 << k) - 1) == 0 && q <= limit).then_some(q)
 }
