@@ -15,9 +15,9 @@
 //! **Free.** The class of a pointer is `(ptr - base) >> stride_log2` (class segments sit at equal
 //! power-of-two strides), so no size is passed and nothing is searched; lanes are grouped by class
 //! the same way: a group freeing a run of blocks is cleared in one step of the whole warp (one
-//! atomic per bitmap word it touches), and any other group frees into its class's slab as a warp of its own lanes (the slab
-//! counts pointers that are not one of its blocks). Pointers outside every class are counted as
-//! foreign frees in the header; null is ignored.
+//! atomic per bitmap word it touches), and any other group frees into its class's slab as a warp
+//! of its own lanes (the slab counts pointers that are not one of its blocks). Pointers outside
+//! every class are counted as foreign frees in the header; null is ignored.
 //!
 //! The header is read-only while kernels run, and every atomic is the slab's own, on one class's
 //! segment at a time (grouping only narrows which lanes take part). The class slabs' shard counts
@@ -361,13 +361,10 @@ pub(crate) unsafe fn free_mixed<W: Warp>(
     let rank = rank_in(group, lane);
     let first = warp.shfl64(active, ptr as u64, leader);
     let in_run = !class || ptr as u64 == first.wrapping_add(rank as u64 * size);
-    // The leader's run in the class's first segment, when it lies there: the segment, its
-    // bitmap's address and the run's first block, all read before the ballot, so that the
-    // `fetch_and` after it waits on no load.
     // The leader's part of its run, when the run lies in the class's first segment: the
-    // address of the run's first bitmap word and its bits there, and how many of the run's
-    // blocks lie in the next word. All read before the ballot, so that the `fetch_and` after it
-    // waits on no load.
+    // address of the run's first bitmap word (0 for none: no bitmap lies at 0), its first bit
+    // there, and how many of the run's blocks lie in the next word. All read before the ballot,
+    // so that the `fetch_and` after it waits on no load.
     let (mut at, mut o, mut next) = (0u64, 0u32, 0u32);
     if lane == leader && class {
         // SAFETY: forwarded contract; `key < nclasses`.
