@@ -27,22 +27,15 @@ const ODD: [(u64, u64); 3] = [
     (inverse(7), u64::MAX / 7),
 ];
 
-/// `off / size` if `size` divides `off`, else `None` (`size > 0`).
+/// `off / size` if `size` divides `off`, else `None` (`size > 0`): by [`class_quotient`] for
+/// `m << k` with `m` 3, 5 or 7, else by division, out of line.
 #[inline(always)]
 pub fn exact_quotient(off: u64, size: u64) -> Option<u64> {
-    let k = size.trailing_zeros();
-    let m = size >> k;
-    let (inv, limit) = match m {
-        3 => ODD[0],
-        5 => ODD[1],
-        7 => ODD[2],
-        _ => return exact_quotient_slow(off, size),
-    };
-    if off & ((1u64 << k) - 1) != 0 {
-        return None;
+    if matches!(size >> size.trailing_zeros(), 3 | 5 | 7) {
+        class_quotient(off, size)
+    } else {
+        exact_quotient_slow(off, size)
     }
-    let q = (off >> k).wrapping_mul(inv);
-    (q <= limit).then_some(q)
 }
 
 /// [`exact_quotient`] for a general heap class's size (`m << k` with `m` 1, 3, 5 or 7):
